@@ -1,8 +1,19 @@
-"""The one config record both model families are built from (flavors fill it in, see deepseek.py/mixtral.py)."""
+"""The one config record both model families are built from (flavors fill it in, see deepseek.py/mixtral.py).
+
+Field names follow MaxText's model configs where one exists (`configs/models/*.yml`): `embed_dim` is
+`base_emb_dim`, `num_heads` `base_num_query_heads`, `first_dense_layers` `first_num_dense_layers`,
+`per_device_batch` `per_device_batch_size`, `seq_len` `max_target_length`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# How a token picks its experts (MaxText's `routed_score_func` and `routed_bias`):
+#   "softmax_topk": softmax over every expert, top-k of the probabilities (DeepSeek-V2);
+#   "topk_softmax": top-k of the logits, softmax over those k (Mixtral);
+#   "sigmoid_bias": sigmoid scores, top-k of scores + a learned bias, weights renormalised (DeepSeek-V3).
+ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,7 +24,7 @@ class DecoderConfig:
     The first `first_dense_layers` layers use a dense MLP, the rest a MoE block.
     """
 
-    family: str
+    family: str  # "deepseek" | "mixtral"
     vocab_size: int
     embed_dim: int
     num_layers: int
@@ -35,15 +46,29 @@ class DecoderConfig:
     num_experts_per_token: int
     moe_mlp_dim: int
     num_shared_experts: int = 0
-    router: str = "softmax_topk"  # "softmax_topk" (softmax, top-k, renormalise) | "topk_softmax"
+    router: str = "softmax_topk"  # one of ROUTERS
     capacity_factor: float | None = None  # None = dropless (capacity = local tokens)
-    # The batch a train step sees; global_batch 0 = one sequence per device.
+    # The batch a train step sees: `global_batch` sequences if set, else `per_device_batch` per device
+    # (MaxText's per_device_batch_size; fractional when the sequence is split over devices).
     seq_len: int
+    per_device_batch: float = 1.0
     global_batch: int = 0
     dtype: str = "float32"  # activation dtype; parameters are float32
     rope_theta: float = 10000.0
+    norm_epsilon: float = 1e-6
 
     @property
     def num_moe_layers(self) -> int:
         """Layers that use the MoE block."""
         return self.num_layers - self.first_dense_layers
+
+    @property
+    def routed_bias(self) -> bool:
+        """Whether the router has a learned per-expert bias (a `gate/bias` parameter)."""
+        return self.router == "sigmoid_bias"
+
+    def batch_for(self, num_devices: int) -> int:
+        """Sequences per step on `num_devices` devices (what `global_batch`/`per_device_batch` say)."""
+        if self.global_batch:
+            return self.global_batch
+        return int(self.per_device_batch * num_devices)

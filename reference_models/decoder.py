@@ -1,107 +1,107 @@
-"""The decoder-only transformer both families share: embed → scanned layers → norm → logits, and its loss."""
+"""The decoder-only transformer both families share (MaxText's `Decoder`): token embedding → scanned layer
+stacks → `decoder_norm` → `logits_dense`, and its loss.
+
+Layers are stacked with `nn.scan` as MaxText stacks them: the stacked dimension sits at index 1 of every
+parameter (MaxText's `param_scan_axis`) and carries the stack's name as its logical axis. DeepSeek has a
+`dense_layers` stack then a `moe_layers` stack; Mixtral one `layers` stack. The last stack is the main
+one, the one a pipeline splits over stages.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from reference_models.config import DecoderConfig
-from reference_models.layers import GroupedQueryAttention, Mlp, MultiHeadLatentAttention, RMSNorm, logical_param
-from reference_models.moe import MoeBlock
+from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, MixtralLayer
+from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec
 from reference_models.pipeline import run_pipeline
-from reference_models.sharding import ShardingContext, constrain, current_context, path_prefix
+from reference_models.sharding import ShardingContext, current_context, path_prefix
 
-_RESIDUAL = ("activation_batch", "activation_norm_length", "activation_embed")
+# MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
+PARAM_SCAN_AXIS = 1
 _LOGITS = ("activation_embed_and_logits_batch", "activation_length", "activation_vocab")
 
 
-def _out_sharding(logical: tuple[str | None, ...]) -> jax.sharding.PartitionSpec | None:
-    """With Explicit mesh axes, an op whose result sharding is ambiguous is told its activation's spec."""
-    context = current_context()
-    return context.resolve(logical) if context is not None and context.explicit else None
+@dataclass(frozen=True)
+class LayerStack:
+    """One stack of identical layers; `name` is also the logical axis of its stacked dimension."""
+
+    name: str
+    layer: type[nn.Module]
+    options: dict[str, Any]
+    length: int
+
+    def layer_module(self, config: DecoderConfig, **kwargs: Any) -> nn.Module:
+        return self.layer(config, **self.options, **kwargs)
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm attention + (dense MLP or MoE); shaped for nn.scan (carry in, carry out)."""
-
-    config: DecoderConfig
-    use_moe: bool
-
-    @nn.compact
-    def __call__(self, x: jax.Array, _: None) -> tuple[jax.Array, None]:
-        cfg = self.config
-        x = constrain(self.path, "input", x, _RESIDUAL)
-        attention = MultiHeadLatentAttention if cfg.attention == "mla" else GroupedQueryAttention
-        x = x + attention(cfg, name="self_attention")(RMSNorm(name="pre_attention_norm")(x))
-        normed = RMSNorm(name="post_attention_norm")(x)
-        feed_forward = MoeBlock(cfg, name="moe") if self.use_moe else Mlp(cfg, cfg.mlp_dim, name="mlp")
-        x = x + feed_forward(normed)
-        return constrain(self.path, "output", x, _RESIDUAL), None
-
-
-def _scanned(config: DecoderConfig, use_moe: bool, length: int, name: str, logical: str) -> nn.Module:
-    """`length` layers stacked with scan; parameters gain a leading dimension of logical axis `logical`."""
-    stack = nn.scan(
-        DecoderLayer,
-        variable_axes={"params": 0},
-        split_rngs={"params": True},
-        length=length,
-        metadata_params={nn.PARTITION_NAME: logical},
-    )
-    return stack(config, use_moe, name=name)
+def layer_stacks(config: DecoderConfig) -> tuple[LayerStack, ...]:
+    """The model's layer stacks, in order."""
+    if config.family == "deepseek":
+        candidates = (
+            LayerStack("dense_layers", DeepSeekLayer, {"use_moe": False}, config.first_dense_layers),
+            LayerStack("moe_layers", DeepSeekLayer, {"use_moe": True}, config.num_moe_layers),
+        )
+        return tuple(stack for stack in candidates if stack.length)
+    return (LayerStack("layers", MixtralLayer, {}, config.num_layers),)
 
 
 class Decoder(nn.Module):
-    """Dense layers (if any), then MoE layers, then the final norm and the vocabulary projection.
-
-    The main (MoE) stack's stacked dimension is the logical axis `layers`, the one a pipeline splits over
-    stages; DeepSeek's leading dense layers are `dense_layers` (as in MaxText), so they stay outside it.
-    """
+    """Layer stacks, then the final norm and the vocabulary projection."""
 
     config: DecoderConfig
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        if cfg.first_dense_layers:
-            x, _ = _scanned(cfg, False, cfg.first_dense_layers, "dense_layers", "dense_layers")(x, None)
-        if cfg.num_moe_layers:
-            name = "moe_layers" if cfg.first_dense_layers else "layers"
-            stack = _scanned(cfg, True, cfg.num_moe_layers, name, "layers")
-            context = current_context()
-            if context is not None and context.pipeline is not None and not self.is_initializing():
-                x = self._pipelined(x, name, context)
-            else:
-                x, _ = stack(x, None)
-        x = RMSNorm(name="decoder_norm")(x)
-        kernel = logical_param(self, "logits_kernel", (cfg.embed_dim, cfg.vocab_size), ("embed_vocab", "vocab"))
-        logits = jnp.einsum("bse,ev->bsv", x, kernel.astype(x.dtype), out_sharding=_out_sharding(_LOGITS))
-        return constrain(self.path, "logits", logits, _LOGITS)
+        stacks = layer_stacks(cfg)
+        context = current_context()
+        for stack in stacks:
+            if context is not None and context.explicit:
+                # A scan's carry keeps its type: enter each stack on the residual stream's sharding.
+                x = jax.sharding.reshard(x, context.resolve(RESIDUAL))
+            main = stack is stacks[-1]
+            if main and context is not None and context.pipeline is not None and not self.is_initializing():
+                x = self._pipelined(x, stack, context)
+                continue
+            scanned = nn.scan(
+                stack.layer,
+                variable_axes={"params": PARAM_SCAN_AXIS},
+                split_rngs={"params": True},
+                length=stack.length,
+                metadata_params={nn.PARTITION_NAME: stack.name},
+            )
+            x, _ = scanned(cfg, **stack.options, name=stack.name)(x, None)
+        x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
+        logits = DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
+        out = explicit_spec(_LOGITS)
+        return logits if out is None else jax.sharding.reshard(logits, out)
 
-    def _pipelined(self, x: jax.Array, name: str, context: ShardingContext) -> jax.Array:
+    def _pipelined(self, x: jax.Array, stack: LayerStack, context: ShardingContext) -> jax.Array:
         """The main stack run by the pipeline, one layer at a time on the parameters its scan created."""
-        layer = DecoderLayer(self.config, True)
+        layer = stack.layer_module(self.config, parent=None)
 
         def apply_layer(params, hidden):
             return layer.apply({"params": params}, hidden, None)[0]
 
-        with path_prefix((*self.path, name)):
-            return run_pipeline(apply_layer, self.variables["params"][name], x, context, context.resolve(_RESIDUAL))
+        with path_prefix((*self.path, stack.name)):
+            params = self.variables["params"][stack.name]
+            return run_pipeline(apply_layer, params, x, context, PARAM_SCAN_AXIS, context.resolve(RESIDUAL))
 
 
 class Transformer(nn.Module):
-    """Token embedding + decoder; returns logits [batch, seq, vocab]."""
+    """Token embedding (`token_embedder`) + decoder; returns logits [batch, seq, vocab]."""
 
     config: DecoderConfig
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        cfg = self.config
-        table = logical_param(self, "embedding", (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed_vocab"))
-        x = table.at[tokens].get(out_sharding=_out_sharding(_RESIDUAL)).astype(cfg.dtype)
-        x = constrain(self.path, "embedded", x, _RESIDUAL)
-        return Decoder(cfg, name="decoder")(x)
+        return Decoder(self.config, name="decoder")(Embed(self.config, name="token_embedder")(tokens))
 
 
 def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:

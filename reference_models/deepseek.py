@@ -1,4 +1,10 @@
-"""DeepSeek family: MLA attention, first layers dense, then shared + top-k routed experts."""
+"""DeepSeek family: MLA attention, first layers dense, then shared + top-k routed experts.
+
+Real flavors carry MaxText's model configs (`configs/models/deepseek2-16b.yml`, `deepseek3-671b.yml`) and
+MaxText's default batch (`per_device_batch_size: 12`, `max_target_length: 2048`), so that a plan of the
+same case has the shapes MaxText's own sharding dump has. The tiny flavor has DeepSeek-V3's structure
+(low-rank queries, a biased sigmoid router) at sizes that compile in a second or two.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,9 @@ from typing import Any
 
 from reference_models.config import DecoderConfig
 
-_COMMON: dict[str, Any] = dict(family="deepseek", attention="mla", router="softmax_topk")
+_COMMON: dict[str, Any] = dict(family="deepseek", attention="mla", norm_epsilon=1e-6)
+# MaxText's default batch: 12 sequences of 2048 tokens per device.
+_MAXTEXT_BATCH: dict[str, Any] = dict(seq_len=2048, per_device_batch=12)
 
 FLAVORS: dict[str, DecoderConfig] = {
     # Small enough that a sharded train step compiles in a second or two on a laptop.
@@ -27,6 +35,7 @@ FLAVORS: dict[str, DecoderConfig] = {
         num_experts_per_token=2,
         moe_mlp_dim=32,
         num_shared_experts=1,
+        router="sigmoid_bias",
         seq_len=32,
         global_batch=8,
     ),
@@ -48,9 +57,10 @@ FLAVORS: dict[str, DecoderConfig] = {
         num_experts_per_token=6,
         moe_mlp_dim=1408,
         num_shared_experts=2,
+        router="softmax_topk",
         capacity_factor=1.25,
-        seq_len=4096,
         dtype="bfloat16",
+        **_MAXTEXT_BATCH,
     ),
     # DeepSeek-V3 (671B).
     "671b": DecoderConfig(
@@ -70,8 +80,9 @@ FLAVORS: dict[str, DecoderConfig] = {
         num_experts_per_token=8,
         moe_mlp_dim=2048,
         num_shared_experts=1,
+        router="sigmoid_bias",
         capacity_factor=1.25,
-        seq_len=4096,
         dtype="bfloat16",
+        **_MAXTEXT_BATCH,
     ),
 }

@@ -1,4 +1,6 @@
-"""Shared layers: projections with logical axes, RMSNorm, rotary embeddings, MLP, GQA and MLA attention."""
+"""Shared layers with MaxText's parameter names and logical axes: DenseGeneral (`kernel`), RMSNorm
+(`scale`), the token embedding (`embedding`), the SwiGLU MLP block (`wi_0`, `wi_1`, `wo`) and rotary
+embeddings."""
 
 from __future__ import annotations
 
@@ -14,14 +16,17 @@ from reference_models.sharding import constrain, current_context, entry_axes
 
 _INIT = nn.initializers.normal(stddev=0.02)
 
+# MaxText's `MlpBlock` intermediate activation ("linears/x" in its sharding dump).
+MLP_INTERMEDIATE = ("activation_batch", "activation_length", "activation_mlp")
+
 
 def logical_param(module: nn.Module, name: str, shape: Sequence[int], logical: Sequence[str | None], init=_INIT) -> Any:
     """A float32 parameter carrying one logical axis name per dimension."""
     return module.param(name, nn.with_logical_partitioning(init, tuple(logical)), tuple(shape), jnp.float32)
 
 
-class Projection(nn.Module):
-    """Contracts the last `contract` dims of the input with a kernel of logical axes `logical`."""
+class DenseGeneral(nn.Module):
+    """Contracts the last `contract` dims of the input with a `kernel` of logical axes `logical`."""
 
     features: tuple[int, ...]
     logical: tuple[str | None, ...]
@@ -57,7 +62,7 @@ def _explicit_out_spec(x: jax.Array, kernel: jax.Array, contract: int) -> jax.sh
     return jax.sharding.PartitionSpec(*kept, *features[: kernel.ndim - contract])
 
 
-def _like(x: jax.Array, reference: jax.Array) -> jax.Array:
+def like(x: jax.Array, reference: jax.Array) -> jax.Array:
     """`x` on `reference`'s sharding: with Explicit axes, arrays joined together must agree on it."""
     context = current_context()
     if context is None or not context.explicit:
@@ -65,8 +70,15 @@ def _like(x: jax.Array, reference: jax.Array) -> jax.Array:
     return jax.sharding.reshard(x, jax.typeof(reference).sharding.spec)
 
 
+def explicit_spec(logical: Sequence[str | None]) -> jax.sharding.PartitionSpec | None:
+    """With Explicit mesh axes, the spec an op's ambiguous result is given (MaxText's `out_sharding`);
+    None otherwise (with Auto axes MaxText leaves such results to the compiler)."""
+    context = current_context()
+    return context.resolve(logical) if context is not None and context.explicit else None
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned scale (logical axis `norm`)."""
+    """Root-mean-square norm with a learned `scale` (logical axis `norm`)."""
 
     eps: float = 1e-6
 
@@ -76,6 +88,34 @@ class RMSNorm(nn.Module):
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (normed * scale).astype(x.dtype)
+
+
+class Embed(nn.Module):
+    """Token embedding: an `embedding` table [vocab, embed] (logical `vocab`, `embed_vocab`)."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.config
+        table = logical_param(self, "embedding", (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed_vocab"))
+        out = explicit_spec(("activation_embed_and_logits_batch", "activation_length", "activation_embed"))
+        return table.at[tokens].get(out_sharding=out).astype(cfg.dtype)
+
+
+class MlpBlock(nn.Module):
+    """SwiGLU MLP (dense layers and shared experts): `wi_0`, `wi_1` [embed, mlp], `wo` [mlp, embed]."""
+
+    config: DecoderConfig
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dtype = self.config.dtype
+        gate = DenseGeneral((self.hidden,), ("embed", "mlp"), dtype=dtype, name="wi_0")(x)
+        up = DenseGeneral((self.hidden,), ("embed", "mlp"), dtype=dtype, name="wi_1")(x)
+        intermediate = constrain(self.path, "x", nn.silu(gate) * up, MLP_INTERMEDIATE)
+        return DenseGeneral((x.shape[-1],), ("mlp", "embed"), dtype=dtype, name="wo")(intermediate)
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:
@@ -88,103 +128,3 @@ def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     cos = jnp.cos(angles)[None, :, None, :].astype(x.dtype)
     first, second = jnp.split(x, 2, axis=-1)
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-
-
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Softmax attention with a causal mask; k/v may have fewer heads than q (grouped queries)."""
-    batch, seq, heads, dim = q.shape
-    groups = heads // k.shape[2]
-    q = q.reshape(batch, seq, k.shape[2], groups, dim)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dim))
-    mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
-    return out.reshape(batch, seq, heads, v.shape[-1])
-
-
-_Q = ("activation_batch", "activation_q_length", "activation_heads", "activation_kv")
-_KV = ("activation_kv_batch", "activation_kv_length", "activation_kv_heads", "activation_kv_head_dim")
-_ATTN_OUT = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
-_EMBED = ("activation_batch", "activation_length", "activation_embed")
-
-
-class Mlp(nn.Module):
-    """SwiGLU MLP (dense layers and shared experts)."""
-
-    config: DecoderConfig
-    hidden: int
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        dtype = self.config.dtype
-        gate = Projection((self.hidden,), ("embed", "mlp"), dtype=dtype, name="wi_0")(x)
-        up = Projection((self.hidden,), ("embed", "mlp"), dtype=dtype, name="wi_1")(x)
-        hidden = constrain(
-            self.path, "hidden", nn.silu(gate) * up, ("activation_batch", "activation_length", "activation_mlp")
-        )
-        out = Projection((x.shape[-1],), ("mlp", "embed"), dtype=dtype, name="wo")(hidden)
-        return constrain(self.path, "out", out, _EMBED)
-
-
-class GroupedQueryAttention(nn.Module):
-    """Mixtral attention: rotary q/k, fewer key/value heads than query heads."""
-
-    config: DecoderConfig
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
-        q = Projection((cfg.num_heads, cfg.head_dim), ("embed", "q_heads", "kv"), dtype=cfg.dtype, name="query")(x)
-        kv_shape = (cfg.num_kv_heads, cfg.head_dim)
-        kv_logical = ("embed", "kv_heads", "kv_head_dim")
-        k = Projection(kv_shape, kv_logical, dtype=cfg.dtype, name="key")(x)
-        v = Projection(kv_shape, kv_logical, dtype=cfg.dtype, name="value")(x)
-        q = constrain(self.path, "query", apply_rope(q, cfg.rope_theta), _Q)
-        k = constrain(self.path, "key", apply_rope(k, cfg.rope_theta), _KV)
-        v = constrain(self.path, "value", v, _KV)
-        out = constrain(self.path, "context", causal_attention(q, k, v), _ATTN_OUT)
-        out = Projection((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
-        return constrain(self.path, "out", out, _EMBED)
-
-
-class MultiHeadLatentAttention(nn.Module):
-    """DeepSeek MLA: queries and keys/values through low-rank latents, split into rope and no-rope parts."""
-
-    config: DecoderConfig
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
-        qk_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-        heads = cfg.num_heads
-        if cfg.q_lora_rank:
-            q_latent = Projection((cfg.q_lora_rank,), ("embed", "q_lora"), dtype=cfg.dtype, name="wq_a")(x)
-            q_latent = RMSNorm(name="q_norm")(q_latent)
-            q = Projection((heads, qk_dim), ("q_lora", "q_heads", "kv"), dtype=cfg.dtype, name="wq_b")(q_latent)
-        else:
-            q = Projection((heads, qk_dim), ("embed", "q_heads", "kv"), dtype=cfg.dtype, name="wq")(x)
-        kv_latent = Projection((cfg.kv_lora_rank,), ("embed", "kv_lora"), dtype=cfg.dtype, name="wkv_a")(x)
-        kv_latent = RMSNorm(name="kv_norm")(kv_latent)
-        kv = Projection(
-            (heads, cfg.qk_nope_head_dim + cfg.v_head_dim),
-            ("kv_lora", "kv_heads", "kv_head_dim"),
-            dtype=cfg.dtype,
-            name="wkv_b",
-        )(kv_latent)
-        # The rope part of the key is one head shared by all query heads.
-        k_rope = Projection((1, cfg.qk_rope_head_dim), ("embed", None, "kv_head_dim"), dtype=cfg.dtype, name="wk_rope")(
-            x
-        )
-        k_rope = apply_rope(k_rope, cfg.rope_theta)
-        q_nope, q_rope = jnp.split(q, [cfg.qk_nope_head_dim], axis=-1)
-        k_nope, v = jnp.split(kv, [cfg.qk_nope_head_dim], axis=-1)
-        q = jnp.concatenate([q_nope, apply_rope(q_rope, cfg.rope_theta)], axis=-1)
-        k_rope = _like(jnp.broadcast_to(k_rope, (*k_nope.shape[:3], cfg.qk_rope_head_dim)), k_nope)
-        k = jnp.concatenate([k_nope, k_rope], axis=-1)
-        q = constrain(self.path, "query", q, _Q)
-        k = constrain(self.path, "key", k, _KV)
-        v = constrain(self.path, "value", v, _KV)
-        out = constrain(self.path, "context", causal_attention(q, k, v), _ATTN_OUT)
-        out = Projection((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
-        return constrain(self.path, "out", out, _EMBED)

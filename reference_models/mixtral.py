@@ -1,4 +1,8 @@
-"""Mixtral family: grouped-query attention, every layer a top-2 MoE, no shared experts."""
+"""Mixtral family: grouped-query attention, every layer a top-2 MoE, no shared experts.
+
+Real flavors carry MaxText's model configs (`configs/models/mixtral-8x7b.yml`, `mixtral-8x22b.yml`) and
+MaxText's default batch (12 sequences of 2048 tokens per device).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ from typing import Any
 from reference_models.config import DecoderConfig
 
 _COMMON: dict[str, Any] = dict(
-    family="mixtral", attention="gqa", router="topk_softmax", num_experts_per_token=2, rope_theta=1e6
+    family="mixtral", attention="gqa", router="topk_softmax", num_experts_per_token=2, rope_theta=1e6, norm_epsilon=1e-5
 )
+_MAXTEXT_BATCH: dict[str, Any] = dict(seq_len=2048, per_device_batch=12)
 
 FLAVORS: dict[str, DecoderConfig] = {
     # Small enough that a sharded train step compiles in a second or two on a laptop.
@@ -36,8 +41,8 @@ FLAVORS: dict[str, DecoderConfig] = {
         num_experts=8,
         moe_mlp_dim=14336,
         capacity_factor=1.25,
-        seq_len=4096,
         dtype="bfloat16",
+        **_MAXTEXT_BATCH,
     ),
     "8x22b": DecoderConfig(
         **_COMMON,
@@ -50,7 +55,7 @@ FLAVORS: dict[str, DecoderConfig] = {
         num_experts=8,
         moe_mlp_dim=16384,
         capacity_factor=1.25,
-        seq_len=4096,
         dtype="bfloat16",
+        **_MAXTEXT_BATCH,
     ),
 }

@@ -1,15 +1,21 @@
-"""Mixture of experts: top-k routing and expert parallelism written out with shard_map.
+"""Mixture of experts as MaxText lays it out (`layers/moe.py`), with expert parallelism written out in shard_map.
 
-Two strategies, chosen by the preset's `moe` setting:
+Parameters and placements follow MaxText's `RoutedMoE`: a `gate` (`kernel`, and `bias` for DeepSeek-V3's
+router), expert weights `wi_0`/`wi_1` [exp, embed_moe, mlp_moe] and `wo` [exp, mlp_moe, embed_moe]; the
+block's `inputs` and `gate_logits` are placed on (activation_batch, activation_norm_length, -), and the
+expert weights on the spec of (exp, -, mlp_no_fsdp) with FSDP removed (MaxText's `w0_kernel`, ...): they
+are gathered over FSDP once, where they enter the expert computation.
+
+Two strategies run the experts, chosen by the preset's `moe` setting:
 - `all_to_all`: each device scatters its tokens into per-expert slots, an all-to-all over the
-  expert-parallel axis carries each slot to the device holding its expert, the experts run, and a second
+  expert-parallel axes carries each slot to the device holding its expert, the experts run, and a second
   all-to-all brings the results home to be combined with the routing weights.
 - `ring` ("ring of experts"): the tokens of the expert group are all-gathered, each device runs only its
   local experts on the tokens routed to them, and the partial outputs are reduce-scattered back. No
   all-to-all; good when there are few tokens.
-The expert-parallel axis is the first mesh axis of the weights' `exp` dimension; any other axes that
-shard the weights (FSDP) are all-gathered inside the block, so their gradients are reduce-scattered.
-With capacity = local tokens the block is dropless and equals a single-device MoE exactly.
+The expert-parallel axes are the mesh axes of the placed weights' expert dimension; mesh axes on their
+hidden dimension (tensor parallelism) leave partial sums that are added over those axes. With capacity =
+local tokens the block is dropless and equals a single-device MoE exactly.
 """
 
 from __future__ import annotations
@@ -24,42 +30,59 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from reference_models.config import DecoderConfig
-from reference_models.layers import Mlp, Projection, logical_param
-from reference_models.sharding import ambient_mesh, constrain, current_context, entry_axes, place
+from reference_models.layers import MlpBlock, logical_param
+from reference_models.sharding import ambient_mesh, constrain, constrain_physical, current_context, entry_axes, place
 
 _TOKENS = ("activation_batch", "activation_norm_length", None)
 _WI = ("exp", "embed_moe", "mlp_moe")
 _WO = ("exp", "mlp_moe", "embed_moe")
+# Where MaxText's sparse (megablox) path places the expert weights, before removing FSDP from the spec.
+_WI_PLACED = ("exp", None, "mlp_no_fsdp")
+_WO_PLACED = ("exp", "mlp_no_fsdp", None)
+# The mesh axis MaxText's MoE gathers the expert weights over before the expert computation.
+_GATHERED_AXIS = "fsdp"
+
+Axes = tuple[str, ...]
 
 
-def route(logits: jax.Array, k: int, router: str) -> tuple[jax.Array, jax.Array]:
+def route(
+    gate_logits: jax.Array, pre_bias_logits: jax.Array | None, k: int, router: str
+) -> tuple[jax.Array, jax.Array]:
     """Top-k expert choice per token: (weights [..., k] float32, expert ids [..., k])."""
-    logits = logits.astype(jnp.float32)
+    logits = gate_logits.astype(jnp.float32)
     if router == "topk_softmax":
         top, ids = jax.lax.top_k(logits, k)
         return jax.nn.softmax(top, axis=-1), ids
+    if router == "sigmoid_bias":
+        # The biased scores choose the experts; the unbiased scores weight them.
+        assert pre_bias_logits is not None
+        _, ids = jax.lax.top_k(logits, k)
+        top = jnp.take_along_axis(pre_bias_logits.astype(jnp.float32), ids, axis=-1)
+        return top / jnp.sum(top, axis=-1, keepdims=True), ids
     probs = jax.nn.softmax(logits, axis=-1)
     top, ids = jax.lax.top_k(probs, k)
     return top / jnp.sum(top, axis=-1, keepdims=True), ids
 
 
-def _gather_weight(weight: jax.Array, spec: PartitionSpec, keep_first_of_dim0: bool) -> jax.Array:
-    """All-gathers a weight over every mesh axis of its spec except the expert-parallel one."""
-    for dim, entry in enumerate(tuple(spec) + (None,) * (weight.ndim - len(spec))):
-        axes = entry_axes(entry)
-        if dim == 0 and keep_first_of_dim0:
-            axes = axes[1:]
-        if axes:
-            weight = jax.lax.all_gather(weight, axes if len(axes) > 1 else axes[0], axis=dim, tiled=True)
-    return weight
+class GateLogit(nn.Module):
+    """The router's projection: a `kernel` [embed, experts] and, for DeepSeek-V3, a `bias` [experts].
 
+    Returns (gate logits, pre-bias logits); the second is None unless the router has a bias.
+    """
 
-def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array) -> jax.Array:
-    """SwiGLU experts on per-expert slots [experts, slots, embed]."""
-    dtype = tokens.dtype
-    gate = jnp.einsum("xce,xem->xcm", tokens, wi_0.astype(dtype))
-    up = jnp.einsum("xce,xem->xcm", tokens, wi_1.astype(dtype))
-    return jnp.einsum("xcm,xme->xce", nn.silu(gate) * up, wo.astype(dtype))
+    config: DecoderConfig
+    logical: tuple[str | None, ...]
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        cfg = self.config
+        kernel = logical_param(self, "kernel", (x.shape[-1], cfg.num_experts), self.logical)
+        logits = jnp.einsum("bse,ex->bsx", x, kernel.astype(x.dtype))
+        if not cfg.routed_bias:
+            return logits, None
+        scores = jax.nn.sigmoid(logits)
+        bias = logical_param(self, "bias", (cfg.num_experts,), self.logical[-1:], nn.initializers.zeros)
+        return scores + bias.astype(scores.dtype), scores
 
 
 def _capacity(tokens: int, k: int, experts: int, factor: float | None) -> int:
@@ -70,25 +93,67 @@ def _capacity(tokens: int, k: int, experts: int, factor: float | None) -> int:
 
 @dataclass(frozen=True)
 class ExpertLayout:
-    """How experts and tokens are laid out for the per-device MoE body."""
+    """How experts and tokens are laid out for the per-device MoE body.
+
+    The experts are split into blocks over `ep_axes` (in the order the weights' spec lists them, major
+    first). Tokens move between devices only over `exchange_axes`, the expert-parallel axes that also split
+    the tokens; over the others (`sum_axes`) every device already holds the same tokens, so each runs its
+    own experts on them and the partial outputs are added.
+    """
 
     num_experts: int
     capacity_factor: float | None
-    ep_axis: str | None  # the mesh axis experts are split over (None: every device has every expert)
-    ep_size: int
-    wi_spec: PartitionSpec | None  # weight specs, to all-gather the non-expert-parallel axes inside
-    wo_spec: PartitionSpec | None
+    ep_axes: Axes = ()
+    ep_sizes: tuple[int, ...] = ()
+    exchange_axes: Axes = ()
+    tp_axes: Axes = ()  # mesh axes splitting the experts' hidden dimension (their partial sums are added)
+
+    @property
+    def ep_size(self) -> int:
+        return math.prod(self.ep_sizes)
+
+    @property
+    def sum_axes(self) -> Axes:
+        return tuple(a for a in self.ep_axes if a not in self.exchange_axes)
+
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.ep_size
 
 
-def _local_weights(layout: ExpertLayout, wi_0, wi_1, wo):
-    if layout.wi_spec is None or layout.wo_spec is None:
-        return wi_0, wi_1, wo
-    keep = layout.ep_axis is not None
-    return (
-        _gather_weight(wi_0, layout.wi_spec, keep_first_of_dim0=keep),
-        _gather_weight(wi_1, layout.wi_spec, keep_first_of_dim0=keep),
-        _gather_weight(wo, layout.wo_spec, keep_first_of_dim0=keep),
-    )
+def _axis(axes: Axes) -> str | Axes:
+    """A collective's axis_name: one name, or a tuple of several."""
+    return axes[0] if len(axes) == 1 else axes
+
+
+def _exchange_blocks(layout: ExpertLayout) -> jax.Array:
+    """The expert blocks this device exchanges tokens with: one per position along the exchange axes (in
+    all-to-all order), each combined with this device's own position along the other expert axes."""
+    exchange = [(a, n) for a, n in zip(layout.ep_axes, layout.ep_sizes, strict=True) if a in layout.exchange_axes]
+    count = math.prod(n for _, n in exchange)
+    blocks = jnp.zeros((count,), jnp.int32)
+    position = jnp.arange(count, dtype=jnp.int32)
+    stride = count
+    exchange_strides = {}
+    for axis, size in exchange:  # the exchange position's digits, major first
+        stride //= size
+        exchange_strides[axis] = stride
+    for axis, size in zip(layout.ep_axes, layout.ep_sizes, strict=True):
+        if axis in exchange_strides:
+            digit = (position // exchange_strides[axis]) % size
+        else:
+            digit = jnp.full((count,), jax.lax.axis_index(axis), jnp.int32)
+        blocks = blocks * size + digit
+    return blocks
+
+
+def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array, layout: ExpertLayout) -> jax.Array:
+    """SwiGLU experts on per-expert slots [experts, slots, embed]."""
+    dtype = tokens.dtype
+    gate = jnp.einsum("xce,xem->xcm", tokens, wi_0.astype(dtype))
+    up = jnp.einsum("xce,xem->xcm", tokens, wi_1.astype(dtype))
+    out = jnp.einsum("xcm,xme->xce", nn.silu(gate) * up, wo.astype(dtype))
+    return jax.lax.psum(out, _axis(layout.tp_axes)) if layout.tp_axes else out
 
 
 def _to_slots(tokens, ids, first_expert, num_experts, capacity):
@@ -123,91 +188,125 @@ def all_to_all_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
     batch, seq, embed = x.shape
     k = ids.shape[-1]
     capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
-    wi_0, wi_1, wo = _local_weights(layout, wi_0, wi_1, wo)
     slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, 0, layout.num_experts, capacity)
-    exchange = layout.ep_axis is not None and layout.ep_size > 1
-    if exchange:
-        slots = jax.lax.all_to_all(slots, layout.ep_axis, split_axis=0, concat_axis=1, tiled=True)
-    out = _experts(slots, wi_0, wi_1, wo)
-    if exchange:
-        out = jax.lax.all_to_all(out, layout.ep_axis, split_axis=1, concat_axis=0, tiled=True)
-    return _from_slots(out, dest, weights.reshape(batch * seq, k)).reshape(batch, seq, embed)
+    if layout.ep_size == 1:
+        return _from_slots(_experts(slots, wi_0, wi_1, wo, layout), dest, weights.reshape(batch * seq, k)).reshape(
+            batch, seq, embed
+        )
+    local = layout.local_experts
+    blocks = _exchange_blocks(layout)
+    outgoing = slots.reshape(layout.ep_size, local, capacity, embed)[blocks]  # [peers, local, capacity, embed]
+    peers = outgoing.shape[0]
+    if layout.exchange_axes:
+        outgoing = jax.lax.all_to_all(outgoing, _axis(layout.exchange_axes), 0, 0, tiled=True)
+    mine = jnp.moveaxis(outgoing, 0, 1).reshape(local, peers * capacity, embed)
+    out = _experts(mine, wi_0, wi_1, wo, layout)
+    back = jnp.moveaxis(out.reshape(local, peers, capacity, embed), 1, 0)
+    if layout.exchange_axes:
+        back = jax.lax.all_to_all(back, _axis(layout.exchange_axes), 0, 0, tiled=True)
+    full = jnp.zeros((layout.ep_size, local, capacity, embed), back.dtype).at[blocks].set(back)
+    combined = _from_slots(full.reshape(layout.num_experts, capacity, embed), dest, weights.reshape(batch * seq, k))
+    if layout.sum_axes:
+        combined = jax.lax.psum(combined, _axis(layout.sum_axes))
+    return combined.reshape(batch, seq, embed)
 
 
 def ring_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
     """Per device ("ring of experts"): all-gather the expert group's tokens, run only the local experts
     on the tokens routed to them, and reduce-scatter the partial outputs back. No all-to-all."""
-    axis = layout.ep_axis
-    x, weights, ids = (jax.lax.all_gather(a, axis, axis=0, tiled=True) for a in (x, weights, ids))
+    exchange = _axis(layout.exchange_axes) if layout.exchange_axes else None
+    if exchange is not None:
+        x, weights, ids = (jax.lax.all_gather(a, exchange, axis=0, tiled=True) for a in (x, weights, ids))
     batch, seq, embed = x.shape
     k = ids.shape[-1]
-    local_experts = layout.num_experts // layout.ep_size
     capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
-    wi_0, wi_1, wo = _local_weights(layout, wi_0, wi_1, wo)
-    first = jax.lax.axis_index(axis) * local_experts
-    slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, first, local_experts, capacity)
-    partial_out = _from_slots(_experts(slots, wi_0, wi_1, wo), dest, weights.reshape(batch * seq, k))
+    first = jax.lax.axis_index(_axis(layout.ep_axes)) * layout.local_experts
+    slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, first, layout.local_experts, capacity)
+    partial_out = _from_slots(_experts(slots, wi_0, wi_1, wo, layout), dest, weights.reshape(batch * seq, k))
     partial_out = partial_out.reshape(batch, seq, embed)
-    return jax.lax.psum_scatter(partial_out, axis, scatter_dimension=0, tiled=True)
+    if layout.sum_axes:
+        partial_out = jax.lax.psum(partial_out, _axis(layout.sum_axes))
+    if exchange is None:
+        return partial_out
+    return jax.lax.psum_scatter(partial_out, exchange, scatter_dimension=0, tiled=True)
 
 
-def _ring_token_spec(token_spec: PartitionSpec, ep_axis: str) -> PartitionSpec:
-    """Token spec for the ring: the batch additionally split over the expert axis, as its minor part."""
-    entries = [tuple(a for a in entry_axes(e) if a != ep_axis) for e in token_spec]
-    entries[0] = (*entries[0], ep_axis)
+def _without(spec: PartitionSpec, dropped: set[str]) -> PartitionSpec:
+    entries = [tuple(a for a in entry_axes(e) if a not in dropped) for e in spec]
     return PartitionSpec(*(e if len(e) > 1 else (e[0] if e else None) for e in entries))
 
 
-class MoeBlock(nn.Module):
-    """Routed experts (top-k) plus optional shared experts."""
+class RoutedMoE(nn.Module):
+    """Routed experts (top-k): MaxText's `RoutedMoE` (`MoeBlock_0`).
+
+    `gate_logical` is the gate kernel's logical axes: ("embed_moe", None) in DeepSeek, ("embed", None) in
+    Mixtral, as MaxText's models pass them.
+    """
+
+    config: DecoderConfig
+    gate_logical: tuple[str | None, ...]
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        experts, embed = cfg.num_experts, x.shape[-1]
+        gate_logits, pre_bias_logits = GateLogit(cfg, self.gate_logical, name="gate")(x)
+        wi_0 = logical_param(self, "wi_0", (experts, embed, self.hidden), _WI)
+        wi_1 = logical_param(self, "wi_1", (experts, embed, self.hidden), _WI)
+        wo = logical_param(self, "wo", (experts, self.hidden, embed), _WO)
+        inputs = constrain(self.path, "inputs", x, _TOKENS)
+        gate_logits = constrain(self.path, "gate_logits", gate_logits, _TOKENS)
+        if pre_bias_logits is not None:
+            pre_bias_logits = constrain(self.path, "pre_bias_logits", pre_bias_logits, _TOKENS)
+        weights, ids = route(gate_logits, pre_bias_logits, cfg.num_experts_per_token, cfg.router)
+        context = current_context()
+        if context is None:
+            layout = ExpertLayout(experts, cfg.capacity_factor)
+            return all_to_all_body(inputs, weights, ids, wi_0, wi_1, wo, layout=layout)
+
+        token_spec = context.resolve(_TOKENS)
+        token_axes = {a for entry in token_spec for a in entry_axes(entry)}
+        # Weights gathered over FSDP; a hidden-dimension axis that also splits the tokens is gathered too
+        # (adding partial sums over it would mix different tokens).
+        wi_spec = _without(context.resolve(_WI_PLACED), {_GATHERED_AXIS})
+        ep_axes = entry_axes(wi_spec[0])
+        tp_axes = tuple(a for a in entry_axes(wi_spec[2]) if a not in token_axes)
+        wi_spec = PartitionSpec(wi_spec[0], None, _axis(tp_axes) if tp_axes else None)
+        wo_spec = PartitionSpec(wi_spec[0], _axis(tp_axes) if tp_axes else None, None)
+        w0 = constrain_physical(self.path, "w0_kernel", wi_0.astype(cfg.dtype), wi_spec)
+        w1 = constrain_physical(self.path, "w1_kernel", wi_1.astype(cfg.dtype), wi_spec)
+        wo_kernel = constrain_physical(self.path, "wo_kernel", wo.astype(cfg.dtype), wo_spec)
+
+        layout = ExpertLayout(
+            num_experts=experts,
+            capacity_factor=cfg.capacity_factor,
+            ep_axes=ep_axes,
+            ep_sizes=tuple(context.mesh.shape[a] for a in ep_axes),
+            exchange_axes=tuple(a for a in ep_axes if a in token_axes),
+            tp_axes=tp_axes,
+        )
+        body = ring_body if context.moe_strategy == "ring" and layout.ep_size > 1 else all_to_all_body
+        route_spec = PartitionSpec(*tuple(token_spec)[:2], None)
+        specs = (token_spec, route_spec, route_spec, wi_spec, wi_spec, wo_spec)
+        args: tuple[jax.Array, ...] = (inputs, weights, ids, w0, w1, wo_kernel)
+        if context.explicit:
+            # A shard_map takes arrays of Explicit axes as they are typed: move them onto its in_specs first.
+            args = tuple(place(context, arg, spec) for arg, spec in zip(args, specs, strict=True))
+        run = jax.shard_map(
+            partial(body, layout=layout), mesh=ambient_mesh(context), in_specs=specs, out_specs=token_spec
+        )
+        return run(*args)
+
+
+class RoutedAndSharedMoE(nn.Module):
+    """DeepSeek's MoE block (`DeepSeekMoeBlock_0`): routed experts (`MoeBlock_0`) plus shared experts."""
 
     config: DecoderConfig
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        experts, embed, hidden = cfg.num_experts, cfg.embed_dim, cfg.moe_mlp_dim
-        logits = Projection((experts,), ("embed", None), dtype="float32", name="gate")(x)
-        weights, ids = route(logits, cfg.num_experts_per_token, cfg.router)
-        wi_0 = logical_param(self, "wi_0", (experts, embed, hidden), _WI)
-        wi_1 = logical_param(self, "wi_1", (experts, embed, hidden), _WI)
-        wo = logical_param(self, "wo", (experts, hidden, embed), _WO)
-        routed = self._routed(x, weights, ids, wi_0, wi_1, wo)
-        routed = constrain(
-            self.path, "routed_out", routed, ("activation_batch", "activation_length", "activation_embed")
-        )
-        if cfg.num_shared_experts:
-            routed = routed + Mlp(cfg, cfg.moe_mlp_dim * cfg.num_shared_experts, name="shared_experts")(x)
-        return routed
-
-    def _routed(self, x, weights, ids, wi_0, wi_1, wo) -> jax.Array:
-        cfg = self.config
-        context = current_context()
-        if context is None:
-            layout = ExpertLayout(cfg.num_experts, cfg.capacity_factor, None, 1, None, None)
-            return all_to_all_body(x, weights, ids, wi_0, wi_1, wo, layout=layout)
-        mesh = context.mesh
-        wi_spec, wo_spec = context.resolve(_WI), context.resolve(_WO)
-        exp_axes = entry_axes(next(iter(wi_spec), None))
-        ep_axis = exp_axes[0] if exp_axes else None
-        ep_size = mesh.shape[ep_axis] if ep_axis else 1
-        layout = ExpertLayout(cfg.num_experts, cfg.capacity_factor, ep_axis, ep_size, wi_spec, wo_spec)
-        token_spec = context.resolve(_TOKENS)
-        body = all_to_all_body
-        if context.moe_strategy == "ring" and ep_axis is not None and ep_size > 1:
-            token_spec = _ring_token_spec(token_spec, ep_axis)
-            body = ring_body
-        route_spec = PartitionSpec(*tuple(token_spec)[:2], None)
-        x = constrain(self.path, "dispatch_in", x, _TOKENS)
-        run = jax.shard_map(
-            partial(body, layout=layout),
-            mesh=ambient_mesh(context),
-            in_specs=(token_spec, route_spec, route_spec, wi_spec, wi_spec, wo_spec),
-            out_specs=token_spec,
-        )
-        specs = (token_spec, route_spec, route_spec, wi_spec, wi_spec, wo_spec)
-        args: tuple[jax.Array, ...] = (x, weights, ids, wi_0, wi_1, wo)
-        if context.explicit:
-            # A shard_map takes arrays of Explicit axes as they are typed: move them onto its in_specs first.
-            args = tuple(place(context, arg, spec) for arg, spec in zip(args, specs, strict=True))
-        return run(*args)
+        routed = RoutedMoE(cfg, ("embed_moe", None), cfg.moe_mlp_dim, name="MoeBlock_0")(x)
+        shared = MlpBlock(cfg, cfg.moe_mlp_dim * cfg.num_shared_experts, name="shared_experts")(x)
+        return routed + shared

@@ -1,7 +1,7 @@
 """Pipeline parallelism over a `stage` mesh axis (GPipe schedule): a shard_map over that axis and ppermute.
 
-The main layer stack's parameters [layers, ...] are sharded over the stage axis on their layers
-dimension, so stage s holds a contiguous block of layers. The batch is split into microbatches. The whole
+The main layer stack's parameters are sharded over the stage axis on their layers dimension (index 1, as
+MaxText stacks them), so stage s holds a contiguous block of layers. The batch is split into microbatches. The whole
 schedule runs inside a shard_map that makes only the stage axis manual: every other mesh axis keeps its
 meaning (Explicit axes stay part of the array types), so FSDP and the MoE's own shard_map over the
 remaining axes work inside a stage as they do without a pipeline.
@@ -43,16 +43,22 @@ LayerFn = Callable[[Any, jax.Array], jax.Array]
 
 
 def run_pipeline(
-    apply_layer: LayerFn, stacked_params: Any, x: jax.Array, context: ShardingContext, batch_spec: PartitionSpec
+    apply_layer: LayerFn,
+    stacked_params: Any,
+    x: jax.Array,
+    context: ShardingContext,
+    layer_axis: int,
+    batch_spec: PartitionSpec,
 ) -> jax.Array:
     """Runs `apply_layer` for every layer of `stacked_params` over `x`, pipelined across stages.
 
     Args:
       apply_layer: one layer's forward.
-      stacked_params: the stack's parameters, every leaf with a leading layers dimension sharded over the
-        stage axis.
+      stacked_params: the stack's parameters, every leaf with a layers dimension (at `layer_axis`) sharded
+        over the stage axis.
       x: the stack's input [batch, seq, embed].
       context: the active sharding context (its `pipeline` settings are used).
+      layer_axis: where the layers dimension sits in every parameter.
       batch_spec: the sharding of [batch, seq, embed] inside a stage (the residual stream's); it must not
         use the stage axis.
 
@@ -64,7 +70,7 @@ def run_pipeline(
     axis = settings.stage_axis
     stages = context.mesh.shape[axis]
     count = settings.microbatches
-    layers = jax.tree.leaves(stacked_params)[0].shape[0]
+    layers = jax.tree.leaves(stacked_params)[0].shape[layer_axis]
     if layers % stages:
         raise ValueError(f"{layers} layers do not split into {stages} pipeline stages")
     if x.shape[0] % count:
@@ -77,7 +83,7 @@ def run_pipeline(
         def one_layer(h, layer_params):
             return apply_layer(layer_params, h), None
 
-        return jax.lax.scan(one_layer, hidden, params)[0]
+        return jax.lax.scan(one_layer, hidden, jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis, 0), params))[0]
 
     def schedule(params, micro):
         stage = jax.lax.axis_index(axis)
@@ -105,7 +111,7 @@ def run_pipeline(
     run = jax.shard_map(
         jax.checkpoint(schedule),
         mesh=ambient_mesh(context),
-        in_specs=(jax.tree.map(lambda _: PartitionSpec(axis), stacked_params), PartitionSpec()),
+        in_specs=(jax.tree.map(lambda _: PartitionSpec(*(None,) * layer_axis, axis), stacked_params), PartitionSpec()),
         out_specs=PartitionSpec(axis),
         axis_names={axis},
         check_vma=False,

@@ -31,7 +31,7 @@ class ActivationRecord:
     """One activation constraint as traced: where, what it is, and where it was put."""
 
     path: str
-    logical: tuple[str | None, ...]
+    logical: tuple[str | None, ...] | None  # None: a physical-only constraint (no logical names)
     shape: tuple[int, ...]
     dtype: str
     spec: jax.sharding.PartitionSpec
@@ -125,7 +125,8 @@ def constrain(module_path: Sequence[str], name: str, x: jax.Array, logical: Sequ
 
     Args:
       module_path: the calling Flax module's path (`self.path`).
-      name: what this activation is within the module ("query", "mlp_hidden", ...).
+      name: the activation's name within the module: the name MaxText's model gives the same value
+        ("inputs_q", "q_nope", "mlp_lnx", ...), so that plans and MaxText's dumps line up.
       x: the activation.
       logical: one logical axis name per dimension.
 
@@ -135,11 +136,34 @@ def constrain(module_path: Sequence[str], name: str, x: jax.Array, logical: Sequ
     context = _CURRENT.get()
     if context is None:
         return x
-    spec = context.resolve(logical)
+    return _record_and_place(context, module_path, name, x, tuple(logical), context.resolve(logical))
+
+
+def constrain_physical(
+    module_path: Sequence[str], name: str, x: jax.Array, spec: jax.sharding.PartitionSpec
+) -> jax.Array:
+    """Constrains a value to a physical spec that no logical names describe, and records it.
+
+    MaxText's MoE places its expert weights this way before the expert computation (the spec of their
+    logical axes with FSDP removed), so that they are gathered over FSDP once, outside the MoE kernel.
+    """
+    context = _CURRENT.get()
+    if context is None:
+        return x
+    return _record_and_place(context, module_path, name, x, None, spec)
+
+
+def _record_and_place(
+    context: ShardingContext,
+    module_path: Sequence[str],
+    name: str,
+    x: jax.Array,
+    logical: tuple[str | None, ...] | None,
+    spec: jax.sharding.PartitionSpec,
+) -> jax.Array:
     path = "/".join((*_PREFIX.get(), *module_path, name))
     if context.validate is not None:
         context.validate(path, tuple(x.shape), spec)
-    context.records.append(
-        ActivationRecord(path=path, logical=tuple(logical), shape=tuple(x.shape), dtype=str(x.dtype), spec=spec)
-    )
+    record = ActivationRecord(path=path, logical=logical, shape=tuple(x.shape), dtype=str(x.dtype), spec=spec)
+    context.records.append(record)
     return place(context, x, spec)

@@ -15,7 +15,15 @@ from shardscope.errors import ShardscopeError, unknown_name
 from shardscope.presets import PRESET_SETTABLE, Preset, apply_preset_overrides, get_preset
 from shardscope.topology import Topology, get_topology, resolve_mesh
 
-MODEL_SETTABLE = ("seq_len", "global_batch", "capacity_factor", "num_layers", "first_dense_layers", "dtype")
+MODEL_SETTABLE = (
+    "seq_len",
+    "global_batch",
+    "per_device_batch",
+    "capacity_factor",
+    "num_layers",
+    "first_dense_layers",
+    "dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,8 @@ class Case:
 
     @property
     def global_batch(self) -> int:
-        """Sequences per step (one per device unless the flavor or --set fixes it)."""
-        return self.model.global_batch or self.num_devices
+        """Sequences per step: the flavor's (or --set) global batch, else its per-device batch × devices."""
+        return self.model.batch_for(self.num_devices)
 
 
 def get_model(name: str) -> DecoderConfig:
@@ -77,6 +85,8 @@ def _apply_model_overrides(model: DecoderConfig, overrides: Mapping[str, str]) -
                 typed: object = value
             elif field == "capacity_factor":
                 typed = None if value.lower() in ("none", "") else float(value)
+            elif field == "per_device_batch":
+                typed = float(value)
             else:
                 typed = int(value)
         except ValueError:

@@ -59,8 +59,9 @@ def path_of(key_path: Sequence[Any]) -> TensorPath:
 
 
 def make_optimizer() -> optax.GradientTransformation:
-    """AdamW, as the train steps people shard usually use."""
-    return optax.adamw(learning_rate=1e-3, b1=0.9, b2=0.95, weight_decay=0.1)
+    """AdamW with a learning-rate schedule, as MaxText builds it: its state is (Adam's count, mu, nu),
+    weight decay's (empty), the schedule's count — the same tree MaxText's optimizer state has."""
+    return optax.adamw(learning_rate=optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1)
 
 
 def _check_divisible(path: str, shape: Sequence[int], spec: Spec, case: Case) -> None:
@@ -86,12 +87,9 @@ def _resolver(case: Case):
 
 
 def input_spec(case: Case) -> PartitionSpec:
-    """Input batch sharding: `data_sharding` on the batch, the context-parallel axis on the sequence."""
-    context = case.preset.context_sharding
-    sizes = case.mesh_sizes
-    batch_axes = tuple(a for group in case.preset.data_sharding for a in group if a != context)
-    spec = drop_unit_axes((batch_axes, context), sizes)
-    return PartitionSpec(*spec)
+    """Input batch sharding as MaxText's `get_input_data_sharding`: the preset's
+    `input_data_sharding_logical_axes` (batch, sequence) resolved by its rules."""
+    return PartitionSpec(*physical_spec(case, case.preset.input_data_sharding_logical_axes))
 
 
 @functools.lru_cache(maxsize=16)

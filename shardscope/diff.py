@@ -134,6 +134,18 @@ def mesh_text(mesh: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{axis}={size}" for axis, size in mesh)
 
 
+def mesh_label(mesh: Iterable[tuple[str, int]]) -> str:
+    """The mesh for a reader: the axes that split devices, then how many axes have size 1.
+
+    MaxText's default mesh has twelve axes, most of them of size 1 on any one run:
+    "fsdp=4,expert=2 (+10 axes of size 1)".
+    """
+    axes = tuple(mesh)
+    shown = ",".join(f"{axis}={size}" for axis, size in axes if size != 1) or "one device"
+    idle = sum(1 for _, size in axes if size == 1)
+    return shown + (f" (+{idle} {'axis' if idle == 1 else 'axes'} of size 1)" if idle else "")
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]

@@ -81,7 +81,13 @@ def _notes(
             close = difflib.get_close_matches(name, named, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             notes.append(f"dimension {dim}: no rule names {name!r}, so it is replicated{hint}")
-        idle = [axis for axis in decision.mesh_axes if sizes.get(axis) == 1]
+        absent = [axis for axis in decision.mesh_axes if axis not in preset.mesh_axes]
+        if absent:
+            notes.append(
+                f"dimension {dim}: mesh axis {', '.join(map(repr, absent))} is not in the preset's mesh_axes: "
+                f"size 1, as MaxText treats it (shards nothing)"
+            )
+        idle = [axis for axis in decision.mesh_axes if axis in preset.mesh_axes and sizes.get(axis) == 1]
         if idle:
             notes.append(
                 f"dimension {dim}: mesh axis {', '.join(map(repr, idle))} has size 1 on this mesh (shards nothing)"

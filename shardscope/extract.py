@@ -55,7 +55,7 @@ def _state_tensors(step: CompiledStep, mesh: dict[str, int]) -> dict[str, Tensor
         tensors[path] = tensor_record(kind, leaf.shape, leaf.dtype, abstract.logical.get(path), spec, mesh)
     for name, leaf in abstract.batch.items():
         spec = normalize_spec(abstract.batch_shardings[name].spec, len(leaf.shape))
-        logical = ("batch", "sequence")
+        logical = step.case.preset.input_data_sharding_logical_axes
         tensors[f"inputs/{name}"] = tensor_record("input", leaf.shape, leaf.dtype, logical, spec, mesh)
     return tensors
 

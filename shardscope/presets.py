@@ -2,8 +2,13 @@
 
 A preset file holds the keys of MaxText's `custom_mesh_and_rule` files (`mesh_axes`, `data_sharding`,
 `logical_axis_rules`, `context_sharding`, `input_data_sharding_logical_axes`) plus shardscope's own
-(`description`, `mesh`, `moe`, `pipeline`, `shard_mode`). A MaxText rule file loads unchanged; any other
-key is an error, because a misspelt key silently ignored is a sharding change nobody reviewed.
+(`description`, `origin`, `mesh`, `moe`, `pipeline`, `shard_mode`). A MaxText rule file loads unchanged; any
+other key is an error, because a misspelt key silently ignored is a sharding change nobody reviewed.
+
+Rules are read as MaxText reads them: a rule may name a mesh axis that `mesh_axes` lacks (MaxText's
+`ep-as-dp.yml` names `context` and `tensor`); such an axis has size 1, so it shards nothing. Without a
+`context_sharding` key, the context-parallel axis is MaxText's inference: the first mesh axis of the
+first `activation_length` rule, else `context`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ MAXTEXT_KEYS = (
     "context_sharding",
     "input_data_sharding_logical_axes",
 )
-OWN_KEYS = ("description", "mesh", "moe", "pipeline", "shard_mode")
+OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode")
 PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats")
 
 
@@ -48,6 +53,7 @@ class Preset:
 
     name: str
     description: str = ""
+    origin: str = ""  # where the rules come from, for presets that carry another project's rule file
     mesh_axes: tuple[str, ...]
     mesh: tuple[tuple[str, int], ...] = ()  # default sizes; -1 fills the remaining devices
     data_sharding: tuple[tuple[str, ...], ...] = ()
@@ -141,13 +147,14 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
     if not isinstance(raw_sharding, list):
         raise _fail(source, f"data_sharding must be a list of axis lists, found {raw_sharding!r}")
     data_sharding = tuple(_as_axes(group, source, "data_sharding") for group in raw_sharding)
-    # MaxText's default context-parallel axis is "context"; it only means something if the mesh has it.
-    context = data.get("context_sharding", "context" if "context" in mesh_axes else None)
+    rules = _parse_rules(data.get("logical_axis_rules", []), source)
+    context = data.get("context_sharding", _inferred_context_axis(rules, mesh_axes))
     if context is not None and not isinstance(context, str):
         raise _fail(source, f"context_sharding must be one mesh axis name, found {context!r}")
     preset = Preset(
         name=name,
         description=str(data.get("description", "")).strip(),
+        origin=str(data.get("origin", "")).strip(),
         mesh_axes=mesh_axes,
         mesh=_parse_mesh(data.get("mesh", {}), source),
         data_sharding=data_sharding,
@@ -157,7 +164,7 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
             source,
             "input_data_sharding_logical_axes",
         ),
-        logical_axis_rules=_parse_rules(data.get("logical_axis_rules", []), source),
+        logical_axis_rules=rules,
         moe=_choice(data.get("moe", "all_to_all"), MOE_STRATEGIES, source, "moe"),
         pipeline=_parse_pipeline(data.get("pipeline"), source),
         shard_mode=_choice(data.get("shard_mode", "auto"), SHARD_MODES, source, "shard_mode"),
@@ -166,13 +173,28 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
     return preset
 
 
+def _inferred_context_axis(rules: tuple[Rule, ...], mesh_axes: tuple[str, ...]) -> str | None:
+    """MaxText's context-parallel axis when a file does not name one: the first mesh axis of the first
+    `activation_length` rule, else `context`; None when the mesh lacks it."""
+    for logical, axes in rules:
+        if logical == "activation_length":
+            if axes:
+                return axes[0] if axes[0] in mesh_axes else None
+            break
+    return "context" if "context" in mesh_axes else None
+
+
+def absent_rule_axes(preset: Preset) -> tuple[str, ...]:
+    """Mesh axes the rules or data_sharding name but `mesh_axes` lacks: size 1, as MaxText treats them."""
+    named = [axis for _, axes in preset.logical_axis_rules for axis in axes]
+    named += [axis for group in preset.data_sharding for axis in group]
+    return tuple(sorted({axis for axis in named if axis not in preset.mesh_axes}))
+
+
 def _check_axes_exist(preset: Preset, source: str) -> None:
-    """Every mesh axis a preset mentions must be one of its mesh_axes."""
-    mentioned: list[tuple[str, str]] = []
-    for index, (logical, axes) in enumerate(preset.logical_axis_rules):
-        mentioned += [(axis, f"rule {index} [{logical}, ...]") for axis in axes]
-    mentioned += [(axis, "data_sharding") for group in preset.data_sharding for axis in group]
-    mentioned += [(axis, "mesh") for axis, _ in preset.mesh]
+    """Mesh sizes, the context axis and the pipeline's stage axis must name axes of `mesh_axes` (rules and
+    data_sharding may name others: those are size 1)."""
+    mentioned: list[tuple[str, str]] = [(axis, "mesh") for axis, _ in preset.mesh]
     if preset.context_sharding:
         mentioned.append((preset.context_sharding, "context_sharding"))
     if preset.pipeline:

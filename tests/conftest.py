@@ -68,6 +68,14 @@ def tiny_plans(plan_of):
 
 
 @pytest.fixture(scope="session")
+def tiny_plans_with(plan_of):
+    """(model, preset, **settings) → Plan of the tiny case on cpu-8 with `--set` overrides."""
+    from shardscope.case import resolve_case
+
+    return lambda model, preset, **settings: plan_of(resolve_case(model, preset, overrides=settings))
+
+
+@pytest.fixture(scope="session")
 def plan_for_golden_case(plan_of):
     """GoldenCase → Plan, sharing compiles with every other test."""
     from shardscope.runner import resolve_golden_case

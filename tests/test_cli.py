@@ -35,10 +35,10 @@ def assert_user_error(result, *fragments: str) -> None:
     ("args", "fragments"),
     [
         (("dump", "deepseek-tin"), ("unknown model 'deepseek-tin'", "did you mean 'deepseek-tiny'")),
-        (("dump", "deepseek-tiny", "--preset", "ep-as-pc"), ("unknown preset 'ep-as-pc'", "did you mean 'ep-as-cp'")),
+        (("dump", "deepseek-tiny", "--preset", "ep-as-cpp"), ("unknown preset 'ep-as-cpp'", "did you mean 'ep-as-cp'")),
         (("dump", "deepseek-tiny", "--topology", "cpu8"), ("unknown topology 'cpu8'", "did you mean 'cpu-8'")),
         (("dump", "deepseek-tiny", "--mesh", "fsdp=3,expert=2"), ("uses 6 devices but the topology has 8",)),
-        (("dump", "deepseek-tiny", "--mesh", "tensor=2"), ("missing mesh axis", "'tensor'")),
+        (("dump", "deepseek-tiny", "--preset", "ep-as-cp", "--mesh", "tensor=2"), ("missing mesh axis", "'tensor'")),
         (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), ("expected a value like 32",)),
         (("dump", "deepseek-tiny", "--set", "moe=ragged"), ("moe must be one of all_to_all, ring",)),
         (("dump", "deepseek-tiny", "--set", "mo=ring"), ("unknown setting 'mo'", "did you mean 'moe'")),
@@ -56,9 +56,15 @@ def test_malformed_and_inconsistent_preset_files(tmp_path):
     bad_yaml.write_text("mesh_axes: [fsdp\n")
     assert_user_error(run("dump", "deepseek-tiny", "--preset", str(bad_yaml)), "malformed YAML at line")
     missing_axis = tmp_path / "missing.yaml"
-    missing_axis.write_text("mesh_axes: [fsdp]\nlogical_axis_rules: [[embed, [fsdp, expert]]]\n")
+    missing_axis.write_text("mesh_axes: [fsdp]\nmesh: {fsdp: -1, expert: 2}\n")
     assert_user_error(run("explain", "--preset", str(missing_axis), "embed"), "missing mesh axis", "'expert'")
-    assert_user_error(run("dump", "deepseek-tiny", "--preset", str(tmp_path / "absent.yaml")), "does not exist")
+    # A rule may name an axis that mesh_axes lacks (MaxText accepts it as size 1); explain says so.
+    absent_axis = tmp_path / "absent.yaml"
+    absent_axis.write_text("mesh_axes: [fsdp]\nlogical_axis_rules: [[embed, [fsdp, expert]]]\n")
+    result = run("explain", "--preset", str(absent_axis), "embed")
+    assert result.exit_code == 0, result.output
+    assert "'expert' is not in the preset's mesh_axes: size 1" in result.stdout
+    assert_user_error(run("dump", "deepseek-tiny", "--preset", str(tmp_path / "nope.yaml")), "does not exist")
 
 
 def test_dimension_that_the_mesh_does_not_divide():

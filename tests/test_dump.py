@@ -13,13 +13,10 @@ from conftest import PRESETS, TINY_MODELS
 from shardscope.plan import plan_from_json, plan_to_json
 
 ROUTED_EXPERTS = {
-    "deepseek-tiny": "params/decoder/moe_layers/moe/wi_0",
-    "mixtral-tiny": "params/decoder/layers/moe/wi_0",
+    "deepseek-tiny": "params/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/wi_0",
+    "mixtral-tiny": "params/decoder/layers/MoeBlock_0/wi_0",
 }
-MAIN_STACK = {
-    "deepseek-tiny": "params/decoder/moe_layers/",
-    "mixtral-tiny": "params/decoder/layers/",
-}
+MAIN_STACK = {"deepseek-tiny": "moe_layers", "mixtral-tiny": "layers"}
 QUERY = {
     "deepseek-tiny": "activations/decoder/moe_layers/self_attention/query",
     "mixtral-tiny": "activations/decoder/layers/self_attention/query",
@@ -51,17 +48,20 @@ def test_plan_is_complete_and_round_trips(model, preset, tiny_plans):
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_shard_exp_on_fsdp_puts_routed_experts_on_expert_and_fsdp(model, tiny_plans):
     wi = tiny_plans(model, "shard-exp-on-fsdp").tensor_map[ROUTED_EXPERTS[model]]
-    assert wi.logical == ("layers", "exp", "embed_moe", "mlp_moe")
-    assert wi.spec[1] == ("expert", "fsdp")
+    # [experts, layers, embed, mlp]: the stacked layer dimension sits at index 1, as in MaxText.
+    assert wi.logical == ("exp", MAIN_STACK[model], "embed_moe", "mlp_moe")
+    assert wi.spec[0] == ("expert", "fsdp")
+    assert wi.spec[2] is None  # embed_moe is on `context`, of size 1
     default = tiny_plans(model, "default").tensor_map[ROUTED_EXPERTS[model]]
-    assert default.spec[1] == "expert" and default.spec[2] == "fsdp"
+    assert default.spec[0] == "expert" and default.spec[2] == "fsdp"
     assert wi.bytes_per_device == default.bytes_per_device
 
 
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_ep_as_cp_shards_attention_sequence_over_expert(model, tiny_plans):
     query = tiny_plans(model, "ep-as-cp").tensor_map[QUERY[model]]
-    assert query.logical[1] == "activation_q_length"
+    # MLA's query is on `activation_length`, grouped-query attention's on `activation_length_attn`.
+    assert query.logical[1] == {"deepseek-tiny": "activation_length", "mixtral-tiny": "activation_length_attn"}[model]
     assert query.spec[1] == "expert"
     assert tiny_plans(model, "default").tensor_map[QUERY[model]].spec[1] is None
     tokens = tiny_plans(model, "ep-as-cp").tensor_map["inputs/tokens"]
@@ -76,17 +76,17 @@ def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microba
     stages, microbatches = mesh["stage"], 2
     assert stages == 2
     params = {p: t for p, t in plan.tensor_map.items() if t.kind == "param"}
-    stack = {p: t for p, t in params.items() if p.startswith(MAIN_STACK[model])}
+    stack = {p: t for p, t in params.items() if p.startswith(f"params/decoder/{MAIN_STACK[model]}/")}
     assert stack
     for path, tensor in stack.items():
-        assert tensor.logical is not None and tensor.logical[0] == "layers", path
-        assert tensor.spec[0] == "stage", path
-        assert tensor.shard_shape[0] == tensor.shape[0] // stages, path
-    # DeepSeek's leading dense layers stay outside the pipeline (their stacked dimension is not `layers`).
+        assert tensor.logical is not None and tensor.logical[1] == MAIN_STACK[model], path
+        assert tensor.spec[1] == "stage", path
+        assert tensor.shard_shape[1] == tensor.shape[1] // stages, path
+    # DeepSeek's leading dense layers stay outside the pipeline (their stacked dimension is `dense_layers`).
     for path, tensor in params.items():
         if path.startswith("params/decoder/dense_layers/"):
-            assert tensor.logical is not None and tensor.logical[0] == "dense_layers", path
-            assert tensor.spec[0] is None, path
+            assert tensor.logical is not None and tensor.logical[1] == "dense_layers", path
+            assert tensor.spec[1] is None, path
     # GPipe: the stage-to-stage rotation runs once per iteration, microbatches + stages - 1 times, in the
     # forward loop and in the backward pass (which recomputes the forward loop, then runs it transposed).
     permutes = [r for r in plan.collectives if r.op == "collective-permute" and r.axes == ("stage",)]
@@ -99,10 +99,10 @@ def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microba
 
 def test_shard_shape_and_bytes_follow_the_spec(tiny_plans):
     wi = tiny_plans("deepseek-tiny", "default").tensor_map[ROUTED_EXPERTS["deepseek-tiny"]]
-    # [layers, experts, embed, mlp] with experts over expert=2 and embed over fsdp=4.
-    layers, experts, embed, mlp = wi.shape
-    assert wi.shard_shape == (layers, experts // 2, embed // 4, mlp)
-    assert wi.bytes_per_device == layers * (experts // 2) * (embed // 4) * mlp * 4
+    # [experts, layers, embed, mlp] with experts over expert=2 and embed over fsdp=4.
+    experts, layers, embed, mlp = wi.shape
+    assert wi.shard_shape == (experts // 2, layers, embed // 4, mlp)
+    assert wi.bytes_per_device == (experts // 2) * layers * (embed // 4) * mlp * 4
 
 
 def _dump_in_fresh_process(tmp_path, name):

@@ -71,6 +71,10 @@ def test_sharded_step_equals_single_device(model, preset, overrides, compiled_ca
     for (path, got), want in zip(got_mu, want_mu, strict=True):
         got, want = np.asarray(got), np.asarray(want)
         scale = float(np.max(np.abs(want)))
+        if jax.tree_util.keystr(path).endswith("['gate']['bias']"):
+            # DeepSeek-V3's router bias only chooses experts (top-k), so it gets no gradient.
+            assert scale == 0 and not np.any(got)
+            continue
         assert scale > 0, f"zero gradient for {jax.tree_util.keystr(path)}"
         worst = max(worst, float(np.max(np.abs(got - want))) / scale)
     assert worst < GRAD_RTOL_OF_MAX

@@ -12,7 +12,10 @@ from shardscope.cli import app
 from shardscope.hlo import MeshLayout, parse_collectives
 
 F32 = 4
-MOE_SOURCE = {"deepseek-tiny": "decoder/moe_layers/moe", "mixtral-tiny": "decoder/layers/moe"}
+MOE_SOURCE = {
+    "deepseek-tiny": "decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0",
+    "mixtral-tiny": "decoder/layers/MoeBlock_0",
+}
 
 
 def rows(plan, **match):
@@ -41,40 +44,65 @@ def test_default_gathers_weights_over_fsdp_and_reduces_gradients(tiny_plans):
     assert gather.axes == ("fsdp", "expert")  # the embed dimension is on fsdp×expert
     assert gather.bytes == cfg.embed_dim * cfg.mlp_dim * F32  # one whole layer's kernel per device
     assert gather.loop_trips == cfg.first_dense_layers
-    # Routed-expert weights: the embed dimension gathered over fsdp, inside the MoE block.
+    # Routed-expert weights: placed on (exp, -, mlp_no_fsdp) without fsdp before the experts run, as MaxText
+    # places them, so each layer's slice of the stacked weights is gathered over fsdp in the layer loop
+    # (before the MoE body, hence the decoder as its source).
     experts_per_shard = cfg.num_experts // dict(plan.case.mesh)["expert"]
-    wi_bytes = experts_per_shard * cfg.embed_dim * cfg.moe_mlp_dim * F32
-    moe_gathers = rows(plan, op="all-gather", axes=("fsdp",), pass_="forward", source="decoder/moe_layers/moe")
-    assert any(r.bytes == wi_bytes and r.count == 2 for r in moe_gathers)  # wi_0 and wi_1
-    backward_reductions = [
-        r for r in plan.collectives if r.pass_ == "backward" and r.op in ("reduce-scatter", "all-reduce")
-    ]
-    assert any(r.axes == ("fsdp",) and r.op == "reduce-scatter" for r in backward_reductions)
+    wi_slice = (1, experts_per_shard, cfg.embed_dim, cfg.moe_mlp_dim)
+    (wi_gather,) = rows(plan, op="all-gather", axes=("fsdp",), pass_="forward", shape=wi_slice)
+    assert wi_gather.count == 2  # wi_0 and wi_1
+    assert wi_gather.loop_trips == cfg.num_moe_layers
+    assert wi_gather.bytes == experts_per_shard * cfg.embed_dim * cfg.moe_mlp_dim * F32
+    # Their gradients are summed over fsdp in the backward pass.
+    assert rows(plan, op="all-reduce", axes=("fsdp",), pass_="backward", source=MOE_SOURCE["deepseek-tiny"])
 
 
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_shard_exp_on_fsdp_gathers_routed_experts_over_fsdp(model, tiny_plans):
     plan = tiny_plans(model, "shard-exp-on-fsdp")
     cfg, mesh = MODELS[model], dict(plan.case.mesh)
-    # Experts live on expert×fsdp; before computing, fsdp is gathered back to expert-parallel shards.
-    gathered_shape = (cfg.num_experts // mesh["expert"], cfg.embed_dim, cfg.moe_mlp_dim)
-    matches = rows(plan, op="all-gather", axes=("fsdp",), pass_="forward", shape=gathered_shape)
-    assert matches and all(r.source == MOE_SOURCE[model] for r in matches)
-    assert matches[0].bytes == gathered_shape[0] * gathered_shape[1] * gathered_shape[2] * F32
+    # Experts live on expert×fsdp; before computing, each layer's slice is gathered over fsdp back to
+    # expert-parallel shards (in the layer loop).
+    gathered_shape = (1, cfg.num_experts // mesh["expert"], cfg.embed_dim, cfg.moe_mlp_dim)
+    (gather,) = rows(plan, op="all-gather", axes=("fsdp",), pass_="forward", shape=gathered_shape)
+    # wi_0 and wi_1 of every MoE layer (and wo, where it has the same shape)
+    assert gather.count == 2 + (cfg.moe_mlp_dim == cfg.embed_dim)
+    assert gather.loop_trips == cfg.num_moe_layers
+    assert gather.bytes == gathered_shape[1] * gathered_shape[2] * gathered_shape[3] * F32
 
 
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_ep_tp_uses_the_ring_and_shards_heads_over_expert(model, tiny_plans):
     plan = tiny_plans(model, "ep-tp")
-    moe = [r for r in plan.collectives if r.source == MOE_SOURCE[model]]
+    cfg = MODELS[model]
     assert not [r for r in plan.collectives if r.op == "all-to-all" and r.axes and "expert" in r.axes]
-    for pass_ in ("forward", "backward"):
-        assert any(r.op == "all-gather" and r.axes == ("expert",) and r.pass_ == pass_ for r in moe)
-        assert any(r.op == "reduce-scatter" and r.axes == ("expert",) and r.pass_ == pass_ for r in moe)
+    # Tensor-parallel attention leaves the tokens replicated over `expert`: every shard runs its own experts
+    # on all of them and the partial outputs are added over `expert` (the ring's gather has nothing to do).
+    # (DeepSeek's shared experts are tensor-parallel too; the compiler combines both sums into one.)
+    block = MOE_SOURCE[model].removesuffix("/MoeBlock_0")
+    local_tokens = cfg.global_batch // dict(plan.case.mesh)["fsdp"]
+    sums = [
+        r
+        for r in rows(plan, op="all-reduce", axes=("expert",), pass_="forward")
+        if r.source.startswith(block) and r.shape == (local_tokens, cfg.seq_len, cfg.embed_dim)
+    ]
+    assert sums and all(r.loop_trips == cfg.num_moe_layers for r in sums)
     heads = {p: t for p, t in plan.tensors if t.kind == "param" and t.logical and "q_heads" in t.logical}
     assert heads
     for path, tensor in heads.items():
         assert tensor.spec[tensor.logical.index("q_heads")] == "expert", path
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_ring_of_experts_gathers_tokens_split_over_the_expert_axis(model, tiny_plans_with):
+    # Under ep-as-dp the batch is split over `expert` too: the ring all-gathers the tokens over it and
+    # reduce-scatters the partial outputs back, in the forward pass and (transposed) in the backward one.
+    plan = tiny_plans_with(model, "ep-as-dp", moe="ring")
+    moe = [r for r in plan.collectives if r.source == MOE_SOURCE[model]]
+    assert not [r for r in plan.collectives if r.op == "all-to-all" and r.axes == ("expert",)]
+    for pass_ in ("forward", "backward"):
+        assert any(r.op == "all-gather" and r.axes == ("expert",) and r.pass_ == pass_ for r in moe)
+        assert any(r.op == "reduce-scatter" and r.axes == ("expert",) and r.pass_ == pass_ for r in moe)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -5,13 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from shardscope.errors import MeshError, PresetError, UnknownNameError
-from shardscope.presets import builtin_preset_names, get_preset, load_preset_file
-from shardscope.rules import resolve_logical
+from shardscope.presets import absent_rule_axes, builtin_preset_names, get_preset, load_preset_file
+from shardscope.rules import drop_unit_axes, resolve_logical
 from shardscope.topology import parse_mesh_arg, resolve_mesh
 
 DATA = Path(__file__).parent / "data"
+
+
+MAXTEXT = DATA / "maxtext"
+MAXTEXT_RULE_FILES = sorted((MAXTEXT / "custom_mesh_and_rule").glob("*.yml"))
+
+
+def as_rules(raw: list) -> tuple:
+    """Rules as written in a YAML file, in the form presets hold them: (logical, (mesh axes…))."""
+    return tuple((logical, (axes,) if isinstance(axes, str) else tuple(axes)) for logical, axes in raw)
 
 
 @pytest.mark.parametrize("name", builtin_preset_names())
@@ -20,14 +30,68 @@ def test_every_builtin_preset_loads(name):
     assert preset.name == name
     assert preset.description
     assert preset.logical_axis_rules
-    assert dict(resolve_mesh(preset, 8, {})).get("expert") == 2
+    sizes = dict(resolve_mesh(preset, 8, {}))
+    assert sizes.get("expert", 1) == (1 if name == "pure-fsdp" else 2)
 
 
-def test_builtins_are_the_three_of_this_release():
-    assert set(builtin_preset_names()) >= {"default", "ep-as-cp", "shard-exp-on-fsdp"}
+def test_builtins_include_the_seeds_and_maxtexts_rule_files():
+    assert set(builtin_preset_names()) == {
+        "default",
+        "ep-as-cp",
+        "ep-tp",
+        "shard-exp-on-fsdp",
+        "explicit-pipeline",
+        *(path.stem for path in MAXTEXT_RULE_FILES),
+    }
 
 
-def test_maxtext_rule_file_loads_unchanged():
+@pytest.mark.parametrize("path", MAXTEXT_RULE_FILES, ids=lambda p: p.stem)
+def test_maxtext_rule_files_load_unchanged_and_builtins_carry_them(path):
+    preset = load_preset_file(path)
+    raw = yaml.safe_load(path.read_text())
+    assert preset.mesh_axes == tuple(raw["mesh_axes"])
+    assert preset.logical_axis_rules == as_rules(raw["logical_axis_rules"])
+    # The built-in of the same name is MaxText's file plus shardscope's own keys, and says where it is from.
+    builtin = get_preset(path.stem)
+    assert builtin.origin.startswith(f"maxtext custom_mesh_and_rule/{path.name}")
+    assert (builtin.mesh_axes, builtin.logical_axis_rules, builtin.data_sharding) == (
+        preset.mesh_axes,
+        preset.logical_axis_rules,
+        preset.data_sharding,
+    )
+
+
+def test_default_is_maxtexts_base_yml():
+    base = yaml.safe_load((MAXTEXT / "base.yml").read_text())
+    preset = get_preset("default")
+    assert preset.origin.startswith("maxtext base.yml")
+    assert preset.mesh_axes == tuple(base["mesh_axes"])
+    assert preset.logical_axis_rules == as_rules(base["logical_axis_rules"])
+    assert preset.data_sharding == tuple(tuple(group) for group in base["data_sharding"])
+    assert preset.input_data_sharding_logical_axes == tuple(base["input_data_sharding_logical_axes"])
+    assert preset.context_sharding == base["context_sharding"]
+
+
+def test_rules_may_name_axes_the_mesh_lacks_which_are_size_one():
+    preset = get_preset("ep-as-dp")
+    assert absent_rule_axes(preset) == ("context", "tensor", "tensor_transpose")
+    sizes = dict(resolve_mesh(preset, 16, parse_mesh_arg("fsdp=-1,expert=2")))
+    assert sizes == {"data": 1, "fsdp": 8, "fsdp_transpose": 1, "expert": 2}
+    # `activation_q_length` is on `context`, which this mesh lacks: the sequence is not split.
+    spec = resolve_logical(("activation_batch_attn", "activation_q_length"), preset.logical_axis_rules)
+    assert spec == (("data", "fsdp", "fsdp_transpose", "expert"), "context")
+    assert drop_unit_axes(spec, sizes) == (("fsdp", "expert"), None)
+
+
+@pytest.mark.parametrize(
+    ("name", "axis"),
+    [("default", "context"), ("ep-as-cp", "expert"), ("cp-as-ep", "context"), ("ep-as-dp", None), ("pure-fsdp", None)],
+)
+def test_context_axis_is_inferred_from_activation_length_as_maxtext_does(name, axis):
+    assert get_preset(name).context_sharding == axis
+
+
+def test_maxtext_style_rule_file_loads_unchanged():
     preset = load_preset_file(DATA / "maxtext_style_rules.yml")
     assert preset.name == "maxtext_style_rules"
     assert preset.mesh_axes == ("data", "fsdp", "context", "expert")
@@ -47,19 +111,32 @@ def test_maxtext_rule_file_loads_unchanged():
 # Expected specs written from the rule files by hand: the meaning of each preset.
 EXPECTED = {
     "default": {
-        ("layers", "exp", "embed_moe", "mlp_moe"): ("stage", "expert", "fsdp", None),
-        ("activation_batch", "activation_q_length", "activation_heads", "activation_kv"): (
-            ("data", "fsdp", "expert"),
-            None,
-            None,
-            None,
+        # base.yml: mlp_moe's rule comes before embed_moe's and takes fsdp_transpose, so embed_moe's first
+        # rule (which names fsdp_transpose too) cannot apply and its second one does.
+        ("exp", "layers", "embed_moe", "mlp_moe"): (
+            "expert",
+            "stage",
+            ("fsdp", "context", "context_usp_ulysses"),
+            ("fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"),
         ),
-        ("vocab", "embed_vocab"): (None, ("fsdp", "expert")),
-        ("layers", "embed", "q_lora"): ("stage", None, ("fsdp", "expert")),
+        ("activation_batch", "activation_norm_length", "activation_embed"): (
+            ("data", "fsdp", "fsdp_transpose", "expert"),
+            ("tensor_sequence", "context", "context_usp_ulysses"),
+            "tensor",
+        ),
+        ("vocab", "embed_vocab"): (
+            ("tensor", "tensor_sequence", "autoregressive"),
+            ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"),
+        ),
+        ("embed", "moe_layers", "mlp"): (
+            ("fsdp", "context", "context_usp_ulysses", "expert"),
+            None,
+            ("fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"),
+        ),
     },
     "ep-as-cp": {
-        ("layers", "exp", "embed_moe", "mlp_moe"): ("stage", "expert", "fsdp", None),
-        ("activation_batch", "activation_q_length", "activation_heads", "activation_kv"): (
+        ("exp", "moe_layers", "embed_moe", "mlp_moe"): ("expert", None, "fsdp", None),
+        ("activation_batch_attn", "activation_length", "activation_heads", "activation_kv"): (
             ("data", "fsdp"),
             "expert",
             None,
@@ -71,12 +148,12 @@ EXPECTED = {
             None,
             None,
         ),
-        # q_lora's rule comes first and takes fsdp, so embed's [fsdp, expert] cannot apply.
-        ("layers", "embed", "q_lora"): ("stage", None, "fsdp"),
+        # kv_lora's rule comes first and takes fsdp, so embed's [fsdp, expert] cannot apply.
+        ("embed", "moe_layers", "kv_lora"): (None, None, "fsdp"),
     },
     "shard-exp-on-fsdp": {
-        ("layers", "exp", "embed_moe", "mlp_moe"): ("stage", ("expert", "fsdp"), "context", "fsdp_transpose"),
-        ("layers", "embed", "mlp"): ("stage", ("fsdp", "context", "expert"), "fsdp_transpose"),
+        ("exp", "moe_layers", "embed_moe", "mlp_moe"): (("expert", "fsdp"), None, "context", "fsdp_transpose"),
+        ("embed", "moe_layers", "mlp"): (("fsdp", "context", "expert"), None, "fsdp_transpose"),
     },
 }
 
@@ -106,11 +183,9 @@ def test_unknown_key_is_an_error_with_a_suggestion(tmp_path):
         load_preset_file(path)
 
 
-def test_rule_naming_a_missing_mesh_axis(tmp_path):
-    path = write(tmp_path, "mesh_axes: ['fsdp', 'expert']\nlogical_axis_rules: [['embed', ['fsdp', 'tensor']]]\n")
-    with pytest.raises(
-        PresetError, match=r"rule 0 \[embed, \.\.\.\] names a missing mesh axis: unknown mesh axis 'tensor'"
-    ):
+def test_mesh_sizes_naming_a_missing_mesh_axis(tmp_path):
+    path = write(tmp_path, "mesh_axes: ['fsdp', 'expert']\nmesh: {fsdp: -1, tensor: 2}\n")
+    with pytest.raises(PresetError, match=r"mesh names a missing mesh axis: unknown mesh axis 'tensor'"):
         load_preset_file(path)
 
 
@@ -125,11 +200,11 @@ def test_bad_rule_shape_and_bad_choice(tmp_path):
 
 def test_unknown_preset_name_suggests():
     with pytest.raises(UnknownNameError, match="did you mean 'ep-as-cp'"):
-        get_preset("ep-as-pc")
+        get_preset("ep-as-cpp")
 
 
 def test_mesh_overrides_and_fill():
-    preset = get_preset("default")
+    preset = get_preset("ep-as-cp")
     assert resolve_mesh(preset, 8, {}) == (("data", 1), ("stage", 1), ("fsdp", 4), ("expert", 2))
     assert resolve_mesh(preset, 256, parse_mesh_arg("fsdp=32,expert=8")) == (
         ("data", 1),
@@ -145,7 +220,7 @@ def test_mesh_overrides_and_fill():
     [
         ("fsdp=3,expert=2", "uses 6 devices but the topology has 8"),
         ("fsdp=-1,expert=3", "does not fit 8 devices"),
-        ("tensor=2", "missing mesh axis: unknown axis 'tensor'"),
+        ("tensr=2", "missing mesh axis: unknown axis 'tensr'"),
         ("fsdp=-1,expert=-1", "only one axis may be -1"),
     ],
 )

@@ -13,6 +13,7 @@ from shardscope.plan import CaseRecord, Plan, TensorRecord, plan_from_json
 from shardscope.report.diff_terminal import diff_renderable
 from shardscope.report.html import render_html, write_html
 from shardscope.report.markdown import md_escape, render_markdown, write_markdown
+from shardscope.summary import human_bytes
 
 DATA = Path(__file__).parent / "data"
 PAYLOAD = "<script>alert(1)</script>"
@@ -20,10 +21,29 @@ QUERY = "activations/decoder/moe_layers/self_attention/query"
 
 
 @pytest.fixture(scope="module")
-def sample_diff():
+def sample_plans():
     old = plan_from_json((DATA / "plan-deepseek-tiny-default.json").read_text())
     new = plan_from_json((DATA / "plan-deepseek-tiny-ep-as-cp.json").read_text())
-    return diff_plans(old, new)
+    return old, new
+
+
+@pytest.fixture(scope="module")
+def sample_diff(sample_plans):
+    return diff_plans(*sample_plans)
+
+
+def traffic(plan, axes=None):
+    """Bytes moved per device per step, summed from the plan's rows (over `axes` only, if given)."""
+    return sum(
+        r.bytes * r.count * r.loop_trips
+        for r in plan.collectives
+        if r.axes and r.loop_trips is not None and (axes is None or r.axes == axes)
+    )
+
+
+def delta_text(before: int, after: int) -> str:
+    sign = "+" if after >= before else "−"
+    return f"{sign}{human_bytes(abs(after - before))} ({sign}{round(abs(after - before) * 100 / before)}%)"
 
 
 def hostile_diff():
@@ -50,21 +70,25 @@ def test_html_has_no_remote_resources(sample_diff):
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
 
 
-def test_html_shows_the_changes(sample_diff):
+def test_html_shows_the_changes(sample_diff, sample_plans):
     page = render_html(sample_diff)
     # Paths are shown whole, with break opportunities only after slashes.
     assert QUERY.replace("/", "/<wbr>") in page
-    assert "params/decoder/moe_layers/self_attention/wq_a/kernel".replace("/", "/<wbr>") in page
-    assert "133 changes" in page
+    assert "params/decoder/moe_layers/self_attention/wq_b/kernel".replace("/", "/<wbr>") in page
+    assert f"{len(sample_diff.changes)} changes" in page
     # The dimension that gained `expert` is highlighted on the after line, the dropped axis on the before line.
     assert '<span class="ax-add">&#39;expert&#39;</span>' in page
     assert '<span class="ax-drop">&#39;expert&#39;</span>' in page
     assert '<span class="pill add">+expert</span>' in page
     # Unchanged rows are folded away, closed.
-    assert "153 unchanged tensors" in page and "30 unchanged collective rows" in page
+    assert f"{len(sample_diff.unchanged_tensors)} unchanged tensors" in page
+    assert f"{len(sample_diff.unchanged_collectives)} unchanged collective rows" in page
     assert "<details open" not in page
     # Headline totals before → after.
-    assert "Traffic per mesh axis" in page and "+643.3 KiB (+18%)" in page
+    old, new = sample_plans
+    assert "Traffic per mesh axis" in page and delta_text(traffic(old), traffic(new)) in page
+    # MaxText's twelve-axis default mesh is shown by the axes that split devices.
+    assert "fsdp=4,expert=2 (+10 axes of size 1)" in page
 
 
 def test_html_escapes_names():
@@ -81,16 +105,22 @@ def test_html_of_same_plans(sample_diff):
     assert "no changes" in page and "No tensor changed." in page and "No collective changed." in page
 
 
-def test_markdown_fits_a_pr_comment(sample_diff):
+def test_markdown_fits_a_pr_comment(sample_diff, sample_plans):
+    old, new = sample_plans
     text = render_markdown(sample_diff)
     lines = text.splitlines()
     assert len(lines) < 60
-    assert lines[0] == "### shardscope plan diff: 133 changes"
-    assert "| **traffic / step** | 3.4 MiB | 4.0 MiB | +643.3 KiB (+18%) |" in lines
-    assert "| over fsdp+expert | 1.7 MiB | 1.0 MiB | −649.0 KiB (−38%) |" in lines
-    assert any("wkv\\_b/kernel (+5 mirrors)" in line and "−expert" in line for line in lines)
-    assert any(line.startswith("… and 24 more: 20 × (dim 0 −expert, dim 1 +expert)") for line in lines)
-    assert "| + | all-reduce | expert | backward | 6 | +323.0 KiB |" in lines
+    assert lines[0] == f"### shardscope plan diff: {len(sample_diff.changes)} changes"
+    before, after = traffic(old), traffic(new)
+    assert (
+        f"| **traffic / step** | {human_bytes(before)} | {human_bytes(after)} | {delta_text(before, after)} |" in lines
+    )
+    axes = ("fsdp", "expert")
+    before, after = traffic(old, axes), traffic(new, axes)
+    assert f"| over fsdp+expert | {human_bytes(before)} | {human_bytes(after)} | {delta_text(before, after)} |" in lines
+    assert any("wkv\\_b/kernel (+5 mirrors)" in line and "kv\\_lora −expert" in line for line in lines)
+    # The many activations that move expert from the batch to the sequence are folded into one line.
+    assert any(line.endswith("× (dim 0 −expert, dim 1 +expert).") for line in lines)
     # Every table row has the same number of cells as its header.
     for table in re.findall(r"(?:^\|.*\|$\n?)+", text, re.MULTILINE):
         rows = [r for r in table.splitlines() if r]
@@ -115,10 +145,14 @@ def test_terminal_renderable(sample_diff):
     console = Console(width=220, record=True, color_system=None)
     console.print(diff_renderable(sample_diff))
     text = console.export_text()
-    assert "133 changes" in text
-    assert "dim 1 activation_q_length +expert" in text
-    assert "153 tensors and 30 collective rows unchanged" in text
-    assert "88.8 KiB → 44.0 KiB" in text
+    assert f"{len(sample_diff.changes)} changes" in text
+    assert "dim 1 activation_length +expert" in text
+    unchanged = f"{len(sample_diff.unchanged_tensors)} tensors and {len(sample_diff.unchanged_collectives)}"
+    assert f"{unchanged} collective rows unchanged" in text
+    # The one collective row that changed, with its bytes before → after.
+    (changed,) = sample_diff.of_kind("collective_changed")
+    bytes_change = dict((f.field, f) for f in changed.fields)["bytes"]
+    assert f"{human_bytes(bytes_change.before)} → {human_bytes(bytes_change.after)}" in text
 
 
 def test_writes_are_atomic_files(sample_diff, tmp_path):

@@ -18,7 +18,7 @@ from shardscope.diff import (
     PlanDiff,
     TensorGroup,
     group_tensor_changes,
-    mesh_text,
+    mesh_label,
     unit_axes,
 )
 from shardscope.plan import CaseRecord
@@ -115,7 +115,7 @@ def case_line(case: CaseRecord) -> str:
     """The full case header on one line (mesh in device order, overrides)."""
     overrides = " ".join(f"{k}={v}" for k, v in case.overrides)
     extra = f"  set {overrides}" if overrides else ""
-    mesh = mesh_text(case.mesh)
+    mesh = mesh_label(case.mesh)
     return f"{case.model} under {case.preset} on {case.topology}  mesh {mesh}  axes {case.axis_types}{extra}"
 
 

@@ -23,6 +23,7 @@ from shardscope.diff import (
     PlanDiff,
     case_dict,
     group_tensor_changes,
+    mesh_label,
     unit_axes,
 )
 from shardscope.plan import TENSOR_KINDS as RECORD_KINDS
@@ -67,7 +68,8 @@ def _environment() -> jinja2.Environment:
 
 
 def _case(case: CaseRecord) -> dict[str, Any]:
-    return case_dict(case) | {"overrides": " ".join(f"{k}={v}" for k, v in case.overrides) or "none"}
+    overrides = " ".join(f"{k}={v}" for k, v in case.overrides) or "none"
+    return case_dict(case) | {"mesh": mesh_label(case.mesh), "overrides": overrides}
 
 
 def _sizes(before: int | None, after: int | None) -> dict[str, str]:

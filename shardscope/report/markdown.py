@@ -28,7 +28,7 @@ from shardscope.report.diff_terminal import (
     delta_text,
     dim_phrases,
     headline_sections,
-    mesh_text,
+    mesh_label,
     signed_bytes,
     summary_counts,
     tensor_bytes,
@@ -56,7 +56,7 @@ def _case(label: str, case: CaseRecord) -> str:
     overrides = ", ".join(f"{k}={v}" for k, v in case.overrides)
     return (
         f"**{label}** {md_escape(case.model)} under **{md_escape(case.preset)}** on {md_escape(case.topology)}"
-        f" · mesh {md_escape(mesh_text(case.mesh))} · axes {md_escape(case.axis_types)}"
+        f" · mesh {md_escape(mesh_label(case.mesh))} · axes {md_escape(case.axis_types)}"
         + (f" · set {md_escape(overrides)}" if overrides else "")
     )
 

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from shardscope.diff import mesh_label
 from shardscope.plan import CollectiveRow, Plan
 from shardscope.rules import DimDecision, Rule, SpecEntry
 from shardscope.summary import axes_label, bytes_by_kind, human_bytes, traffic_totals
@@ -76,7 +77,7 @@ def traffic_tables(rows: Sequence[CollectiveRow]) -> Group:
 def plan_summary(plan: Plan) -> Group:
     """The `dump` summary: case, tensors per kind, memory, and collective traffic."""
     case = plan.case
-    mesh = ",".join(f"{a}={s}" for a, s in case.mesh)
+    mesh = mesh_label(case.mesh)
     header = Text.assemble(
         (f"{case.model}", "bold"),
         " under ",

@@ -1,0 +1,115 @@
+"""Attention as MaxText writes it: grouped-query attention (`attentions.py`, Mixtral) and multi-head latent
+attention (`attention_mla.py`, DeepSeek), with MaxText's parameter names, logical axes and activation
+constraints (each constraint is named after the variable MaxText constrains)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from reference_models.config import DecoderConfig
+from reference_models.layers import DenseGeneral, RMSNorm, apply_rope, like
+from reference_models.sharding import constrain
+
+# Grouped-query attention (attentions.py defaults).
+GQA_INPUT = ("activation_batch_attn", "activation_input_length_attn", "activation_embed_attn")
+GQA_QKV = ("activation_kv_batch", "activation_length_attn", "activation_kv_heads", "activation_kv_head_dim")
+GQA_OUT = ("activation_batch_attn", "activation_length_attn", "activation_heads", "activation_kv")
+# Multi-head latent attention (attention_mla.py defaults).
+MLA_INPUT = ("activation_batch_attn", "activation_length", "activation_embed")
+MLA_QKV = ("activation_kv_batch", "activation_length", "activation_kv_heads", "activation_kv_head_dim")
+MLA_OUT = ("activation_batch_attn", "activation_length", "activation_heads", "activation_kv")
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
+    """Softmax attention with a causal mask; k/v may have fewer heads than q (grouped queries)."""
+    batch, seq, heads, dim = q.shape
+    groups = heads // k.shape[2]
+    q = q.reshape(batch, seq, k.shape[2], groups, dim)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k).astype(jnp.float32) * scale
+    mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
+    return out.reshape(batch, seq, heads, v.shape[-1])
+
+
+class Attention(nn.Module):
+    """Grouped-query attention (Mixtral): rotary q/k, fewer key/value heads than query heads."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array) -> jax.Array:
+        cfg = self.config
+        inputs_q = constrain(self.path, "inputs_q", inputs_q, GQA_INPUT)
+        inputs_kv = constrain(self.path, "inputs_kv", inputs_kv, GQA_INPUT)
+        query = DenseGeneral((cfg.num_heads, cfg.head_dim), ("embed", "q_heads", "kv"), dtype=cfg.dtype, name="query")(
+            inputs_q
+        )
+        kv_shape, kv_logical = (cfg.num_kv_heads, cfg.head_dim), ("embed", "kv_heads", "kv_head_dim")
+        key = DenseGeneral(kv_shape, kv_logical, dtype=cfg.dtype, name="key")(inputs_kv)
+        value = DenseGeneral(kv_shape, kv_logical, dtype=cfg.dtype, name="value")(inputs_kv)
+        query = constrain(self.path, "query", apply_rope(query, cfg.rope_theta), GQA_QKV)
+        key = constrain(self.path, "key", apply_rope(key, cfg.rope_theta), GQA_QKV)
+        value = constrain(self.path, "value", value, GQA_QKV)
+        out = causal_attention(query, key, value, cfg.head_dim**-0.5)
+        out = constrain(self.path, "out", out, GQA_OUT)
+        return DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
+
+
+class MLA(nn.Module):
+    """DeepSeek multi-head latent attention: queries (optionally through a low-rank latent) and keys/values
+    through a low-rank latent, each split into a rope and a no-rope part.
+
+    `wkv_a` projects to the key/value latent and the shared rope key together (kv_lora_rank +
+    qk_rope_head_dim wide, logical `kv_lora_up_proj`), as MaxText's does.
+    """
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array) -> jax.Array:
+        cfg = self.config
+        heads, nope, rope = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        inputs_q = constrain(self.path, "inputs_q", inputs_q, MLA_INPUT)
+        inputs_kv = constrain(self.path, "inputs_kv", inputs_kv, MLA_INPUT)
+
+        # Queries.
+        if cfg.q_lora_rank:
+            low_rank_q = DenseGeneral((cfg.q_lora_rank,), ("embed", "q_lora_up_proj"), dtype=cfg.dtype, name="wq_a")(
+                inputs_q
+            )
+            low_rank_q = RMSNorm(cfg.norm_epsilon, name="q_norm")(low_rank_q)
+            q = DenseGeneral((heads, nope + rope), ("q_lora", "q_heads", "kv"), dtype=cfg.dtype, name="wq_b")(
+                low_rank_q
+            )
+        else:
+            q = DenseGeneral((heads, nope + rope), ("embed", "q_heads", "kv"), dtype=cfg.dtype, name="query")(inputs_q)
+        q_nope, q_pe = jnp.split(q, [nope], axis=-1)
+        q_nope = constrain(self.path, "q_nope", q_nope, MLA_QKV)
+        q_pe = constrain(self.path, "q_pe", apply_rope(q_pe, cfg.rope_theta), MLA_QKV)
+        query = constrain(self.path, "query", jnp.concatenate([q_nope, q_pe], axis=-1), MLA_QKV)
+
+        # Keys and values.
+        low_rank = DenseGeneral(
+            (cfg.kv_lora_rank + rope,), ("embed", "kv_lora_up_proj"), dtype=cfg.dtype, name="wkv_a"
+        )(inputs_kv)
+        low_rank_main, low_rank_rope = jnp.split(low_rank, [cfg.kv_lora_rank], axis=-1)
+        low_rank_main = RMSNorm(cfg.norm_epsilon, name="kv_norm")(low_rank_main)
+        # The rope part of the key is one head shared by every query head.
+        key_rope = apply_rope(low_rank_rope[:, :, None, :], cfg.rope_theta)
+        kv = DenseGeneral(
+            (heads, nope + cfg.v_head_dim), ("kv_lora", "kv_heads", "kv_head_dim"), dtype=cfg.dtype, name="wkv_b"
+        )(low_rank_main)
+        key_nope, value = jnp.split(kv, [nope], axis=-1)
+        key_rope = like(jnp.broadcast_to(key_rope, (*key_nope.shape[:3], rope)), key_nope)
+        key_nope = constrain(self.path, "key_nope", key_nope, MLA_QKV)
+        key_rope = constrain(self.path, "key_rope", key_rope, MLA_QKV)
+        key = constrain(self.path, "key", jnp.concatenate([key_nope, key_rope], axis=-1), MLA_QKV)
+        value = constrain(self.path, "value", value, MLA_QKV)
+
+        out = causal_attention(query, key, value, (nope + rope) ** -0.5)
+        out = constrain(self.path, "out", out, MLA_OUT)
+        return DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)

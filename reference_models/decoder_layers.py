@@ -1,0 +1,72 @@
+"""The decoder layers of both families as MaxText writes them (`models/deepseek.py`, `models/mixtral.py`).
+
+Each layer takes and returns the carry of an `nn.scan` (hidden, None). Its activation constraints carry
+the names of the variables MaxText constrains, so a plan's `activations/…/pre_attention_norm` is the
+value MaxText's sharding dump calls `deepseek/pre_attention_norm`.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from reference_models.attention import MLA, Attention
+from reference_models.config import DecoderConfig
+from reference_models.layers import MlpBlock, RMSNorm
+from reference_models.moe import RoutedAndSharedMoE, RoutedMoE
+from reference_models.sharding import constrain
+
+# The residual stream between and inside layers (both families).
+RESIDUAL = ("activation_batch", "activation_norm_length", "activation_embed")
+
+
+class DeepSeekLayer(nn.Module):
+    """MLA attention, then a dense MLP (`mlp`) or the routed + shared MoE (`DeepSeekMoeBlock_0`)."""
+
+    config: DecoderConfig
+    use_moe: bool
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array, _: None) -> tuple[jax.Array, None]:
+        cfg = self.config
+
+        def named(name: str, value: jax.Array) -> jax.Array:
+            return constrain(self.path, name, value, RESIDUAL)
+
+        x = named("inputs", inputs)
+        lnx = named("pre_attention_norm", RMSNorm(cfg.norm_epsilon, name="pre_self_attention_layer_norm")(x))
+        attention_result = named("attention_result", MLA(cfg, name="self_attention")(lnx, lnx))
+        intermediate_inputs = x + attention_result
+        hidden_states = named(
+            "post_attention_norm", RMSNorm(cfg.norm_epsilon, name="post_self_attention_layer_norm")(intermediate_inputs)
+        )
+        if self.use_moe:
+            mlp_out = named("mlp_lnx", RoutedAndSharedMoE(cfg, name="DeepSeekMoeBlock_0")(hidden_states))
+        else:
+            mlp_out = named("mlp", MlpBlock(cfg, cfg.mlp_dim, name="mlp")(hidden_states))
+        # MaxText constrains the layer output after its (identity) dropout, under the name `x`.
+        return named("x", mlp_out + intermediate_inputs), None
+
+
+class MixtralLayer(nn.Module):
+    """Grouped-query attention, then the routed MoE (`MoeBlock_0`)."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array, _: None) -> tuple[jax.Array, None]:
+        cfg = self.config
+
+        def named(name: str, value: jax.Array) -> jax.Array:
+            return constrain(self.path, name, value, RESIDUAL)
+
+        inputs = named("inputs", inputs)
+        lnx = named("lnx", RMSNorm(cfg.norm_epsilon, name="pre_self_attention_layer_norm")(inputs))
+        attention_lnx = named("attention_lnx", Attention(cfg, name="self_attention")(lnx, lnx))
+        intermediate_inputs = inputs + attention_lnx
+        hidden_states = named(
+            "hidden_states", RMSNorm(cfg.norm_epsilon, name="post_self_attention_layer_norm")(intermediate_inputs)
+        )
+        moe = RoutedMoE(cfg, ("embed", None), cfg.moe_mlp_dim, name="MoeBlock_0")
+        mlp_lnx = named("mlp_lnx", moe(hidden_states))
+        return named("layer_output", mlp_lnx + intermediate_inputs), None
