@@ -64,12 +64,13 @@ def list_command() -> None:
             str(cfg.seq_len),
         )
     presets = Table(title="Presets", title_justify="left", show_edge=False)
-    for column in ("name", "moe", "shard mode", "mesh", "description"):
+    for column in ("name", "moe", "shard mode", "mesh", "rules from", "description"):
         presets.add_column(column, no_wrap=column != "description")
     for name in builtin_preset_names():
         preset = get_preset(name)
-        mesh = ",".join(f"{a}={s}" for a, s in preset.mesh)
-        presets.add_row(name, preset.moe, preset.shard_mode, mesh, preset.description)
+        mesh = ",".join(f"{a}={s}" for a, s in preset.mesh if s != 1)
+        origin = preset.origin.split()[0] if preset.origin else "shardscope"
+        presets.add_row(name, preset.moe, preset.shard_mode, mesh, origin, preset.description)
     topologies = Table(title="Topologies", title_justify="left", show_edge=False)
     topologies.add_column("name")
     topologies.add_column("devices")
@@ -95,6 +96,10 @@ def dump_command(
         typer.Option("--set", help="Override a setting: moe=ring, pipeline.microbatches=4, model.seq_len=64."),
     ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the plan JSON here.")] = None,
+    tensors_only: Annotated[
+        bool,
+        typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
+    ] = False,
 ) -> None:
     """Compile one case and print its plan summary; write the plan JSON with -o."""
     from shardscope.case import parse_overrides, resolve_case
@@ -112,11 +117,19 @@ def dump_command(
         from shardscope.plan import plan_to_json
         from shardscope.report.terminal import plan_summary
 
-        plan = plan_case(case)
+        plan = plan_case(case, tensors_only=tensors_only)
     except ShardscopeError as err:
         _fail(err)
     console = _console()
     console.print(plan_summary(plan))
+    from shardscope.presets import absent_rule_axes
+
+    absent = absent_rule_axes(case.preset)
+    if absent:
+        console.print(
+            f"note: the rules name mesh axes that mesh_axes lacks ({', '.join(absent)}): size 1, as MaxText "
+            "treats them, so they shard nothing"
+        )
     if output is not None:
         write_atomic(output, plan_to_json(plan))
         console.print(f"plan written to {output}")

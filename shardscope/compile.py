@@ -1,7 +1,8 @@
 """Model + preset + mesh → abstract state → jitted train step → Lowered → Compiled.
 
 The only module that calls jit/lower/compile. State is abstract (`jax.eval_shape`), so real model
-shapes are planned without allocating a byte of parameters.
+shapes are planned without allocating a byte of parameters. Every tensor's sharding is known once the
+step is lowered (`lower_case`); the compile adds the collectives and memory (`compile_case`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ class AbstractState:
     state_shardings: Any
     batch_shardings: Any
     logical: dict[TensorPath, tuple[str | None, ...]]  # param / opt_state leaves that have logical axes
+
+
+@dataclass(frozen=True)
+class LoweredStep:
+    """The lowered (not compiled) train step and what was recorded while tracing it."""
+
+    case: Case
+    mesh: jax.sharding.Mesh
+    abstract: AbstractState
+    lowered: Any
+    activations: tuple[ActivationRecord, ...]
 
 
 @dataclass(frozen=True)
@@ -186,8 +198,8 @@ def compiler_options_for(case: Case) -> dict[str, Any]:
     return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
-def compile_case(case: Case) -> CompiledStep:
-    """Lowers and compiles the train step of a case on its mesh.
+def lower_case(case: Case) -> LoweredStep:
+    """Traces and lowers the train step of a case on its mesh: every tensor's sharding, no compile.
 
     Raises:
       ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
@@ -206,6 +218,17 @@ def compile_case(case: Case) -> CompiledStep:
     # Explicit axes make shardings part of array types, which needs the mesh in context while tracing.
     with sharding_context(context), jax.set_mesh(mesh):
         lowered = step.lower(abstract.state, abstract.batch)
+    return LoweredStep(case, mesh, abstract, lowered, tuple(context.records))
+
+
+def compile_case(case: Case) -> CompiledStep:
+    """Lowers and compiles the train step of a case on its mesh.
+
+    Raises:
+      ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
+      MeshError: the mesh needs more devices than this process has.
+    """
+    step = lower_case(case)
     options = compiler_options_for(case)
-    compiled = lowered.compile(compiler_options=options)
-    return CompiledStep(case, mesh, abstract, lowered, compiled, tuple(context.records), options)
+    compiled = step.lowered.compile(compiler_options=options)
+    return CompiledStep(case, step.mesh, step.abstract, step.lowered, compiled, step.activations, options)

@@ -384,18 +384,29 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
     """
     changes = _root_changes("case", case_dict(old.case), case_dict(new.case))
     changes += _root_changes("extra_changed", dict(old.extra), dict(new.extra))
-    memory_changes, notes = _diff_memory(old, new, temp_tolerance)
+    # Only what both plans hold is compared: a tensors-only plan (no compile) has no collectives or memory.
+    shared = set(old.parts) & set(new.parts)
+    memory_changes: list[Change] = []
+    notes: list[str] = []
+    if "memory" in shared:
+        memory_changes, notes = _diff_memory(old, new, temp_tolerance)
+    missing = [part for part in ("collectives", "memory") if part not in shared]
+    if missing:
+        holder = "both plans hold" if not ({*old.parts, *new.parts} - {"tensors"}) else "one plan holds"
+        notes.append(f"{holder} tensors only (made without compiling): {' and '.join(missing)} not compared")
     notes += _backend_notes(old, new)
     tensor_changes, unchanged_tensors = _diff_tensors(old, new)
-    collective_changes, unchanged_collectives = _diff_collectives(old, new)
+    compare_collectives = "collectives" in shared
+    collective_changes, unchanged_collectives = _diff_collectives(old, new) if compare_collectives else ([], ())
+    kept_rows = (old.collectives, new.collectives) if compare_collectives else ((), ())
     return PlanDiff(
         old_case=old.case,
         new_case=new.case,
         changes=tuple(changes + memory_changes + tensor_changes + collective_changes),
-        totals_before=traffic_totals(old.collectives),
-        totals_after=traffic_totals(new.collectives),
-        memory_before=old.memory,
-        memory_after=new.memory,
+        totals_before=traffic_totals(kept_rows[0]),
+        totals_after=traffic_totals(kept_rows[1]),
+        memory_before=old.memory if "memory" in shared else (),
+        memory_after=new.memory if "memory" in shared else (),
         kinds_before=bytes_by_kind(old),
         kinds_after=bytes_by_kind(new),
         unchanged_tensors=unchanged_tensors,

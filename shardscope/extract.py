@@ -13,8 +13,8 @@ import numpy as np
 from reference_models.sharding import ActivationRecord, is_explicit
 from shardscope.case import Case
 from shardscope.collectives import extract_collectives
-from shardscope.compile import CompiledStep, compile_case, path_of
-from shardscope.plan import SCHEMA, CaseRecord, Plan, TensorRecord
+from shardscope.compile import CompiledStep, LoweredStep, compile_case, lower_case, path_of
+from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord
 from shardscope.rules import Spec, normalize_entry, shard_shape
 from shardscope.topology import DCN_AXIS
 from shardscope.tpu import libtpu_version
@@ -43,7 +43,7 @@ def tensor_record(
     )
 
 
-def _state_tensors(step: CompiledStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:
+def _state_tensors(step: CompiledStep | LoweredStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:
     tensors: dict[str, TensorRecord] = {}
     abstract = step.abstract
     leaves = jax.tree_util.tree_flatten_with_path(abstract.state)[0]
@@ -76,11 +76,11 @@ def _activation_tensors(records: Sequence[ActivationRecord], mesh: dict[str, int
 
 
 def _output_tensors(
-    compiled: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]]
+    stage: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]]
 ) -> dict[str, TensorRecord]:
-    """The shardings the compiled program actually returns."""
+    """The shardings the program returns: the compiled program's own, or the lowered one's (as requested)."""
     tensors: dict[str, TensorRecord] = {}
-    out_info = compiled.out_info  # built afresh on every access: read it once
+    out_info = stage.out_info  # built afresh on every access: read it once
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(out_info)[0]:
         # A train step returns (state, metrics): its tuple index is not part of a tensor's name.
         path = path_of(key_path[1:] if isinstance(out_info, tuple) else key_path)
@@ -149,33 +149,55 @@ def slice_mesh(case: Case) -> tuple[tuple[str, int], ...]:
     return tuple((axis, size // slices if axis == DCN_AXIS else size) for axis, size in case.mesh)
 
 
+def _case_record(case: Case) -> CaseRecord:
+    return CaseRecord(
+        model=case.model_name,
+        preset=case.preset.name,
+        topology=case.topology.name,
+        mesh=case.mesh,
+        axis_types="explicit" if case.preset.shard_mode == "explicit" else "auto",
+        overrides=case.overrides,
+    )
+
+
+def _step_tensors(step: CompiledStep | LoweredStep, stage: Any) -> tuple[tuple[str, TensorRecord], ...]:
+    """Every tensor of a traced step, sorted by path; outputs as `stage` (lowered or compiled) returns them."""
+    mesh = step.case.mesh_sizes
+    tensors = _state_tensors(step, mesh)
+    tensors.update(_activation_tensors(step.activations, mesh))
+    tensors.update(_output_tensors(stage, mesh, step.abstract.logical))
+    return tuple(sorted(tensors.items()))
+
+
 def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     """The plan of a compiled step, given the text of its compiled HLO module."""
     case = step.case
-    mesh = case.mesh_sizes
-    tensors = _state_tensors(step, mesh)
-    tensors.update(_activation_tensors(step.activations, mesh))
-    tensors.update(_output_tensors(step.compiled, mesh, step.abstract.logical))
-    axis_types = "explicit" if case.preset.shard_mode == "explicit" else "auto"
     return Plan(
-        case=CaseRecord(
-            model=case.model_name,
-            preset=case.preset.name,
-            topology=case.topology.name,
-            mesh=case.mesh,
-            axis_types=axis_types,
-            overrides=case.overrides,
-        ),
+        case=_case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
-        tensors=tuple(sorted(tensors.items())),
+        tensors=_step_tensors(step, step.compiled),
         collectives=extract_collectives(hlo_text, slice_mesh(case)),
         memory=_memory(step.compiled),
         schema=SCHEMA,
     )
 
 
-def plan_case(case: Case) -> Plan:
-    """Compiles a case and extracts its plan (the whole `dump` pipeline after validation)."""
+def extract_tensors_plan(step: LoweredStep) -> Plan:
+    """The tensors-only plan of a lowered step: every tensor's sharding, no collectives or memory."""
+    case = step.case
+    return Plan(
+        case=_case_record(case),
+        provenance=provenance(case.topology.platform, {}),
+        tensors=_step_tensors(step, step.lowered),
+        schema=SCHEMA,
+        parts=TENSORS_ONLY,
+    )
+
+
+def plan_case(case: Case, tensors_only: bool = False) -> Plan:
+    """The whole `dump` pipeline after validation: lower (and unless `tensors_only`, compile) and extract."""
+    if tensors_only:
+        return extract_tensors_plan(lower_case(case))
     step = compile_case(case)
     return extract_plan(step, step.compiled.as_text())
 

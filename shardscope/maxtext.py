@@ -143,3 +143,58 @@ def read_dump(directory: Path) -> MaxTextDump:
         for key, value in (item.items() if isinstance(item, dict) else ())
     ]
     return MaxTextDump(mesh=mesh, tensors=tuple(tensors), activations=tuple(activations))
+
+
+@dataclass(frozen=True)
+class DumpCase:
+    """What a dump directory's path says about its case (MaxText names it after the case)."""
+
+    model: str
+    topology: str
+    slices: int
+    rule: str  # "default" or a custom_mesh_and_rule name
+    overrides: tuple[tuple[str, str], ...]  # MaxText config overrides, in the order given
+
+
+_OVERRIDE = re.compile(r"([a-z][a-z0-9_]*)=([^_]+)")
+_PARALLELISM = re.compile(r"ici_(\w+)_parallelism")
+
+
+def parse_dump_path(directory: Path) -> DumpCase:
+    """`…/<model>/<topology>/slice_<n>/rule_<rule>[_<key>=<value>…]` → DumpCase.
+
+    Raises:
+      ShardscopeError: the path is not laid out as MaxText lays out its dumps.
+    """
+    parts = directory.resolve().parts
+    if len(parts) < 4 or not parts[-2].startswith("slice_") or not parts[-1].startswith("rule_"):
+        raise ShardscopeError(
+            f"{directory}: expected a MaxText dump directory <model>/<topology>/slice_<n>/rule_<rule>[_<overrides>]"
+        )
+    rule, _, rest = parts[-1].removeprefix("rule_").partition("_")
+    return DumpCase(
+        model=parts[-4],
+        topology=parts[-3],
+        slices=int(parts[-2].removeprefix("slice_")) if parts[-2].removeprefix("slice_").isdigit() else 1,
+        rule=rule,
+        overrides=tuple((m.group(1), m.group(2)) for m in _OVERRIDE.finditer(rest)),
+    )
+
+
+def equivalent_mesh_and_settings(case: DumpCase, mesh_axes: tuple[str, ...]) -> tuple[dict[str, int], dict[str, str]]:
+    """The `--mesh` and `--set` values of the shardscope dump that plans the same case as a MaxText dump.
+
+    MaxText sizes each mesh axis with `ici_<axis>_parallelism` (1 unless given; FSDP's default, -1, takes
+    the remaining devices) and runs its ring-of-experts MoE with `use_ring_of_experts=true`.
+    """
+    mesh = {axis: 1 for axis in mesh_axes}
+    if "fsdp" in mesh:
+        mesh["fsdp"] = -1
+    settings: dict[str, str] = {}
+    for key, value in case.overrides:
+        parallelism = _PARALLELISM.fullmatch(key)
+        if parallelism and parallelism.group(1) in mesh:
+            mesh[parallelism.group(1)] = int(value)
+        elif key == "use_ring_of_experts" and value.lower() == "true":
+            settings["moe"] = "ring"
+    return mesh, settings

@@ -18,6 +18,10 @@ SCHEMA_FAMILY = "shardscope.plan/"
 SCHEMA_VERSION = 1
 TENSOR_KINDS = ("param", "opt_state", "input", "activation", "output")
 PASSES = ("forward", "backward", "optimizer", "other")
+# What a plan can hold. A plan made without compiling (`dump --tensors-only`) holds tensors only; the JSON
+# lists its parts only when they are not all of them, so full plans read and write as before.
+PARTS = ("tensors", "collectives", "memory")
+TENSORS_ONLY = ("tensors",)
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,16 @@ class Plan:
     memory: tuple[tuple[str, int], ...] = ()
     schema: str = SCHEMA
     extra: tuple[tuple[str, Any], ...] = field(default=())  # unknown top-level keys, kept on round-trip
+    parts: tuple[str, ...] = PARTS
 
     @property
     def tensor_map(self) -> dict[str, TensorRecord]:
         """Path → record."""
         return dict(self.tensors)
+
+    def holds(self, part: str) -> bool:
+        """Whether the plan holds `part` ("collectives" and "memory" need a compile)."""
+        return part in self.parts
 
 
 def _spec_to_json(spec: Spec) -> list[Any]:
@@ -151,6 +160,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "memory": dict(plan.memory),
         }
     )
+    if plan.parts != PARTS:
+        data["parts"] = list(plan.parts)
     return data
 
 
@@ -236,9 +247,13 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         )
         memory = tuple(sorted((str(k), int(v)) for k, v in _require(data, "memory", dict, source).items()))
         provenance = tuple(sorted(_require(data, "provenance", dict, source).items()))
+        parts = tuple(str(part) for part in data.get("parts", PARTS))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PlanError(f"{source}: corrupt plan ({type(err).__name__}: {err})") from None
-    known = {"schema", "case", "provenance", "tensors", "collectives", "memory"}
+    unknown_parts = [part for part in parts if part not in PARTS]
+    if unknown_parts or "tensors" not in parts:
+        raise PlanError(f"{source}: corrupt plan (parts {list(parts)}, expected some of {list(PARTS)} with tensors)")
+    known = {"schema", "case", "provenance", "tensors", "collectives", "memory", "parts"}
     extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
     return Plan(
         case=case,
@@ -248,6 +263,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         memory=memory,
         schema=str(data["schema"]),
         extra=extra,
+        parts=tuple(part for part in PARTS if part in parts),
     )
 
 

@@ -10,11 +10,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax
 import pytest
 
+from shardscope.presets import builtin_preset_names
+
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
 
 TINY_MODELS = ("deepseek-tiny", "mixtral-tiny")
-PRESETS = ("default", "ep-as-cp", "ep-tp", "shard-exp-on-fsdp", "explicit-pipeline")
+# Every built-in preset (the seeds' and MaxText's rule files).
+PRESETS = builtin_preset_names()
 
 
 @pytest.fixture(scope="session")

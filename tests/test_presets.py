@@ -53,7 +53,7 @@ def test_maxtext_rule_files_load_unchanged_and_builtins_carry_them(path):
     assert preset.logical_axis_rules == as_rules(raw["logical_axis_rules"])
     # The built-in of the same name is MaxText's file plus shardscope's own keys, and says where it is from.
     builtin = get_preset(path.stem)
-    assert builtin.origin.startswith(f"maxtext custom_mesh_and_rule/{path.name}")
+    assert builtin.origin.startswith(f"MaxText custom_mesh_and_rule/{path.name}")
     assert (builtin.mesh_axes, builtin.logical_axis_rules, builtin.data_sharding) == (
         preset.mesh_axes,
         preset.logical_axis_rules,
@@ -64,7 +64,7 @@ def test_maxtext_rule_files_load_unchanged_and_builtins_carry_them(path):
 def test_default_is_maxtexts_base_yml():
     base = yaml.safe_load((MAXTEXT / "base.yml").read_text())
     preset = get_preset("default")
-    assert preset.origin.startswith("maxtext base.yml")
+    assert preset.origin.startswith("MaxText base.yml")
     assert preset.mesh_axes == tuple(base["mesh_axes"])
     assert preset.logical_axis_rules == as_rules(base["logical_axis_rules"])
     assert preset.data_sharding == tuple(tuple(group) for group in base["data_sharding"])

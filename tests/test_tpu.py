@@ -78,7 +78,8 @@ def test_cpu_and_tpu_plans_agree_on_shardings_not_on_schedules():
     assert [c.subject for c in diff.of_kind("case")] == ["topology"]
     assert any(note.startswith("backend differs (cpu → tpu)") for note in diff.notes)
     # The TPU compiler writes no trip counts on its loops: they are derived, so MoE rows still have them.
-    moe = [r for r in tpu_plan.collectives if r.source == "decoder/moe_layers/moe" and r.op == "all-to-all"]
+    source = "decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0"
+    moe = [r for r in tpu_plan.collectives if r.source == source and r.op == "all-to-all"]
     assert moe and all(r.loop_trips == 4 for r in moe)
 
 

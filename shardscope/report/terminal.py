@@ -90,6 +90,8 @@ def plan_summary(plan: Plan) -> Group:
     kinds.add_column("bytes / device", justify="right")
     for kind, count, size in bytes_by_kind(plan):
         kinds.add_row(kind, str(count), human_bytes(size))
+    if not plan.holds("collectives"):
+        return Group(header, Text(""), kinds, Text(""), Text("tensors only (no compile): no collectives or memory"))
     memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
     memory.add_column("")
     memory.add_column("bytes / device", justify="right")

@@ -1,0 +1,146 @@
+"""Fidelity to MaxText: shardscope plans MaxText's own cases exactly as MaxText's sharding dump does.
+
+Every directory under data/maxtext/sharding_info is a dump that MaxText's `tests/utils/sharding_dump.py`
+wrote (its checked-in goldens for deepseek2-16b, and further cases; see data/maxtext/README.md). For each,
+the same case is planned here (tensors only: shardings need no compile) and compared entry by entry: the
+train state's paths, shapes, logical axes and physical specs, and every activation constraint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardscope.case import resolve_case
+from shardscope.extract import plan_case
+from shardscope.maxtext import DumpActivation, equivalent_mesh_and_settings, parse_dump_path, read_dump
+from shardscope.plan import Plan
+from shardscope.presets import builtin_preset_names, get_preset
+from shardscope.rules import drop_unit_axes
+
+MAXTEXT = Path(__file__).parent / "data" / "maxtext"
+DUMPS = sorted(path.parent for path in (MAXTEXT / "sharding_info").rglob("named_shardings.json"))
+# Rule files of our own that some dumps were made with (MaxText's own are built-in presets).
+RULES = MAXTEXT / "rules"
+
+# The source file MaxText names an activation after, by the module that makes the constraint here.
+_FILE_OF_PARENT = {
+    "self_attention": {"deepseek": "attention_mla", "mixtral": "attentions"},
+    "mlp": {"deepseek": "linears"},
+    "shared_experts": {"deepseek": "linears"},
+    "MoeBlock_0": {"deepseek": "moe", "mixtral": "moe"},
+}
+_LAYER_STACKS = ("dense_layers", "moe_layers", "layers")
+# MaxText's Mixtral layer constrains its residual stream with nn.with_logical_constraint, which its dump does
+# not record; DeepSeek's layer records it (as "deepseek/…").
+_RECORDED_LAYER_FILE = {"deepseek": "deepseek"}
+# Constraints MaxText makes inside its TPU attention kernel, which the plain attention here does not have.
+UNMODELLED_FILES = {"attention_op"}
+
+Entry = tuple[str, str, tuple[int, ...], str, tuple[str | None, ...] | None, tuple]
+
+
+def maxtext_file(path: str, family: str) -> str | None:
+    """The MaxText source file whose dump names this activation, or None if MaxText does not record it."""
+    parts = path.removeprefix("activations/").split("/")
+    parent = parts[-2] if len(parts) > 1 else ""
+    if parent in _LAYER_STACKS:
+        return _RECORDED_LAYER_FILE.get(family)
+    return _FILE_OF_PARENT.get(parent, {}).get(family)
+
+
+def plan_like_dump(directory: Path) -> Plan:
+    case = parse_dump_path(directory)
+    preset = case.rule if case.rule in builtin_preset_names() else str(RULES / f"{case.rule}.yml")
+    mesh, settings = equivalent_mesh_and_settings(case, get_preset(preset).mesh_axes)
+    return plan_case(resolve_case(case.model, preset, case.topology, mesh, settings), tensors_only=True)
+
+
+def their_entry(activation: DumpActivation, sizes: dict[str, int]) -> Entry:
+    spec = drop_unit_axes(activation.spec, sizes)
+    return (activation.module_file, activation.name, activation.shape, activation.dtype, activation.logical, spec)
+
+
+@pytest.fixture(scope="module", params=DUMPS, ids=lambda d: "/".join(d.relative_to(MAXTEXT / "sharding_info").parts))
+def dump_and_plan(request):
+    return read_dump(request.param), plan_like_dump(request.param)
+
+
+def test_dumps_cover_the_goldens_and_every_model():
+    assert len(DUMPS) >= 8
+    models = {parse_dump_path(d).model for d in DUMPS}
+    assert {"deepseek2-16b", "deepseek3-671b", "mixtral-8x7b", "mixtral-8x22b"} <= models
+    goldens = [d for d in DUMPS if parse_dump_path(d).model == "deepseek2-16b"]
+    assert {parse_dump_path(d).rule for d in goldens} >= {
+        "default",
+        "pure-fsdp",
+        "ep-as-cp",
+        "cp-as-ep",
+        "ep-as-dp",
+        "shard-exp-on-fsdp",
+        "pipeline-large-moe",
+    }
+
+
+def test_mesh_is_maxtexts(dump_and_plan):
+    dump, plan = dump_and_plan
+    assert plan.case.mesh == dump.mesh
+
+
+def test_train_state_is_maxtexts(dump_and_plan):
+    dump, plan = dump_and_plan
+    sizes = dict(dump.mesh)
+    ours = {path: t for path, t in plan.tensors if t.kind in ("param", "opt_state")}
+    # MaxText's train state also counts steps (`step`); the optimizer's own counts are compared.
+    theirs = {t.path: t for t in dump.tensors if t.path != "step"}
+    assert sorted(ours) == sorted(theirs)
+    assert sum(1 for path in theirs if path.startswith("params/")) >= 13
+    assert sum(1 for path in theirs if "/mu/" in path or "/nu/" in path) == 2 * sum(
+        1 for path in theirs if path.startswith("params/")
+    )
+    different = {
+        path: ((ours[path].shape, ours[path].logical or (), ours[path].spec), (t.shape, t.logical, want))
+        for path, t in theirs.items()
+        if (ours[path].shape, ours[path].logical or (), ours[path].spec)
+        != (t.shape, t.logical, want := drop_unit_axes(t.spec, sizes))
+    }
+    assert not different
+
+
+def test_activations_are_maxtexts(dump_and_plan):
+    dump, plan = dump_and_plan
+    sizes = dict(dump.mesh)
+    family = "deepseek" if plan.case.model.startswith("deepseek") else "mixtral"
+    theirs = {their_entry(a, sizes) for a in dump.activations if a.module_file not in UNMODELLED_FILES}
+    ours = set()
+    for path, t in plan.tensors:
+        if t.kind == "activation" and (file := maxtext_file(path, family)) is not None:
+            ours.add((file, path.rsplit("/", 1)[-1], t.shape, t.dtype, t.logical, t.spec))
+    assert ours == theirs
+    named = [a for a in dump.activations if a.logical is not None]
+    assert len(named) >= 8
+    # What is left out is MaxText's attention kernel only.
+    assert {a.module_file for a in dump.activations} - {entry[0] for entry in ours} <= UNMODELLED_FILES
+
+
+def test_the_comparison_catches_one_changed_rule(tmp_path):
+    """The checks above can fail: one rule edited in a copy of ep-as-cp moves exactly what it names."""
+    directory = next(d for d in DUMPS if parse_dump_path(d).model == "deepseek2-16b" and "rule_ep-as-cp" in d.name)
+    dump = read_dump(directory)
+    rules = tmp_path / "ep-as-cp.yml"
+    text = (MAXTEXT / "custom_mesh_and_rule" / "ep-as-cp.yml").read_text()
+    rules.write_text(text.replace("['activation_kv_batch', ['data', 'fsdp']],", "['activation_kv_batch', []],"))
+    case = parse_dump_path(directory)
+    mesh, settings = equivalent_mesh_and_settings(case, get_preset(str(rules)).mesh_axes)
+    plan = plan_case(resolve_case(case.model, str(rules), case.topology, mesh, settings), tensors_only=True)
+    sizes = dict(dump.mesh)
+    theirs = {their_entry(a, sizes) for a in dump.activations if a.module_file not in UNMODELLED_FILES}
+    ours = {
+        (maxtext_file(p, "deepseek"), p.rsplit("/", 1)[-1], t.shape, t.dtype, t.logical, t.spec)
+        for p, t in plan.tensors
+        if t.kind == "activation" and maxtext_file(p, "deepseek") is not None
+    }
+    moved = {entry[1] for entry in theirs - ours}
+    # Exactly the attention's queries, keys and values (their batch is activation_kv_batch) differ.
+    assert moved == {"q_nope", "q_pe", "query", "key_nope", "key_rope", "key", "value"}
