@@ -7,6 +7,7 @@ collective key) is domain knowledge. Every change carries plain, JSON-able value
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -318,6 +319,13 @@ def _diff_collectives(old: Plan, new: Plan) -> tuple[list[Change], tuple[Collect
     return changes, tuple(unchanged)
 
 
+def _readable_mesh(change: Change, old: Plan, new: Plan) -> Change:
+    """A mesh change, shown by the axes that split devices (MaxText's default mesh has twelve axes)."""
+    if change.subject != "mesh":
+        return change
+    return dataclasses.replace(change, before=mesh_label(old.case.mesh), after=mesh_label(new.case.mesh))
+
+
 def _backend_notes(old: Plan, new: Plan) -> list[str]:
     """Why collectives and memory may differ although the rules did not change: another compiler."""
     before, after = dict(old.provenance).get("backend"), dict(new.provenance).get("backend")
@@ -382,7 +390,7 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
       A PlanDiff whose changes are ordered case, extra, memory, tensors (by path), collectives (by
       source, pass, op).
     """
-    changes = _root_changes("case", case_dict(old.case), case_dict(new.case))
+    changes = [_readable_mesh(c, old, new) for c in _root_changes("case", case_dict(old.case), case_dict(new.case))]
     changes += _root_changes("extra_changed", dict(old.extra), dict(new.extra))
     # Only what both plans hold is compared: a tensors-only plan (no compile) has no collectives or memory.
     shared = set(old.parts) & set(new.parts)

@@ -220,7 +220,7 @@ def test_case_header_changes():
     )
     diff = diff_plans(old, new)
     assert [(c.kind, c.subject) for c in diff.changes] == [("case", "mesh"), ("case", "overrides"), ("case", "preset")]
-    assert only(diff.changes, "mesh").after == "expert=2,fsdp=4,stage=1,data=1"
+    assert only(diff.changes, "mesh").after == "expert=2,fsdp=4 (+2 axes of size 1)"
     assert only(diff.changes, "overrides").after == {"moe": "ring"}
 
 
@@ -290,7 +290,7 @@ def test_default_vs_ep_as_cp_latent_projections_lose_expert(sample_diff):
 def test_default_vs_ep_as_cp_totals(sample_diff, sample_plans):
     old, new = sample_plans
     assert [(c.kind, c.subject, c.after) for c in sample_diff.of_kind("case")] == [
-        ("case", "mesh", "data=1,stage=1,fsdp=4,expert=2"),
+        ("case", "mesh", "fsdp=4,expert=2 (+2 axes of size 1)"),
         ("case", "preset", "ep-as-cp"),
     ]
     assert {c.kind for c in sample_diff.changes} <= set(CHANGE_KINDS)
