@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -147,13 +146,17 @@ def bench_parse() -> tuple[list[str], bool]:
 
 
 def run_timed(args: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS (GiB) and exit code of a child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Wall seconds, peak RSS (GiB) and exit code of one child process.
+
+    The peak is that child's own (`wait4`), not the largest of every child this script ever ran, which is
+    what RUSAGE_CHILDREN reports.
+    """
     start = time.perf_counter()
-    code = subprocess.run(args, cwd=ROOT, capture_output=True).returncode
+    child = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 2**20, code
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss / 2**20, child.returncode
 
 
 def cpu_golden_copy() -> Path:

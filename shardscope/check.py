@@ -11,6 +11,8 @@ from shardscope.errors import PlanError
 from shardscope.golden import GoldenCase, golden_path, load_golden, orphan_goldens, write_golden
 from shardscope.plan import plan_from_json
 from shardscope.runner import DumpResult, dump_cases, resolve_golden_case
+from shardscope.topology import needs_libtpu
+from shardscope.tpu import TPU_EXTRA_HINT, libtpu_version
 
 # Called once per finished case (the CLI advances its progress bar).
 Progress = Callable[[DumpResult], None]
@@ -21,7 +23,7 @@ class CaseOutcome:
     """The verdict for one golden case (or one orphaned golden file)."""
 
     case_id: str
-    status: str  # "same", "changed", "missing", "orphan", "error", "created", "updated", "unchanged"
+    status: str  # "same", "changed", "missing", "orphan", "error", "skipped", "created", "updated", "unchanged"
     path: Path
     diff: PlanDiff | None = None
     message: str = ""
@@ -36,6 +38,24 @@ def _no_progress(_: DumpResult) -> None:
     return None
 
 
+def plannable_here(cases: Sequence[GoldenCase], root: Path) -> tuple[list[GoldenCase], list[CaseOutcome]]:
+    """Cases this machine can plan, and a "skipped" outcome for each TPU case when libtpu is missing.
+
+    A golden set with one TPU case must still be checkable on a machine without the TPU extra: the other
+    cases are checked, and the TPU ones are named with how to install what they need.
+    """
+    if libtpu_version() is not None:
+        return list(cases), []
+    runnable, skipped = [], []
+    for case in cases:
+        if needs_libtpu(case.topology):
+            message = f"needs libtpu to compile for {case.topology}: {TPU_EXTRA_HINT}"
+            skipped.append(CaseOutcome(case.case_id, "skipped", golden_path(root, case), message=message))
+        else:
+            runnable.append(case)
+    return runnable, skipped
+
+
 def check_goldens(
     root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress
 ) -> tuple[CaseOutcome, ...]:
@@ -45,12 +65,13 @@ def check_goldens(
       ShardscopeError: a case names an unknown model/preset/topology or a mesh that does not fit.
       PlanError: a golden is corrupt or of a newer schema (both checked before anything compiles).
     """
-    for case in cases:
+    runnable, skipped = plannable_here(cases, root)
+    for case in runnable:
         resolve_golden_case(case)  # a wrong name fails the whole check before anything compiles
-    outcomes: list[CaseOutcome] = []
+    outcomes: list[CaseOutcome] = list(skipped)
     present: list[GoldenCase] = []
     goldens = {}
-    for case in cases:
+    for case in runnable:
         path = golden_path(root, case)
         if not path.exists():
             outcomes.append(
@@ -80,7 +101,8 @@ def update_goldens(
     root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress
 ) -> tuple[CaseOutcome, ...]:
     """Re-dumps the cases and writes their goldens atomically; says which were created or changed."""
-    outcomes = []
+    cases, skipped = plannable_here(cases, root)
+    outcomes = list(skipped)
     for result in dump_cases(cases, jobs):
         progress(result)
         path = golden_path(root, result.case)
@@ -100,3 +122,41 @@ def update_goldens(
         status = "created" if old is None else "updated"
         outcomes.append(CaseOutcome(result.case.case_id, status, path, diff))
     return tuple(sorted(outcomes, key=lambda o: o.case_id))
+
+
+@dataclass(frozen=True)
+class CheckSummary:
+    """The closing words of a check: counts by status, and what to run next."""
+
+    counts: tuple[tuple[str, int], ...]  # status → cases, in STATUS_ORDER
+    line: str
+    hints: tuple[str, ...]
+
+    def count(self, status: str) -> int:
+        return dict(self.counts).get(status, 0)
+
+    def failed(self, require_all: bool) -> bool:
+        """Whether the check fails: anything not the same, or with --require-all a case it could not run."""
+        bad = sum(self.count(s) for s in ("changed", "missing", "orphan", "error"))
+        return bad > 0 or (require_all and self.count("skipped") > 0)
+
+
+STATUS_ORDER = ("same", "changed", "missing", "orphan", "error", "skipped")
+
+
+def check_summary(outcomes: Sequence[CaseOutcome], root: Path) -> CheckSummary:
+    """Counts the outcomes and says how to accept changes, create missing goldens, or run skipped cases."""
+    counts = tuple((status, n) for status in STATUS_ORDER if (n := sum(o.status == status for o in outcomes)))
+    cases = sum(n for status, n in counts if status != "orphan")
+    line = f"{cases} case{'' if cases == 1 else 's'}: " + ", ".join(f"{n} {status}" for status, n in counts)
+    golden = "" if root == Path("golden") else f" --golden {root}"
+    hints = []
+    to_update = [o.case_id for o in outcomes if o.status in ("changed", "missing")]
+    if to_update:
+        hints.append(f"to accept the changes: shardscope update{golden} {' '.join(to_update)}")
+    orphans = [str(o.path) for o in outcomes if o.status == "orphan"]
+    if orphans:
+        hints.append(f"no case owns {', '.join(orphans)}: delete it or add its case to cases.yaml")
+    if any(o.status == "skipped" for o in outcomes):
+        hints.append(f"skipped cases compile for TPU, which needs libtpu: {TPU_EXTRA_HINT}")
+    return CheckSummary(counts=counts, line=line, hints=tuple(hints))

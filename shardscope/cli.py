@@ -32,8 +32,12 @@ def _fail(err: ShardscopeError) -> NoReturn:
 def _console():
     from rich.console import Console
 
-    # Plans have long paths: never narrower than 160 columns, even when piped.
-    return Console(soft_wrap=False, width=max(160, Console().width))
+    # The terminal's own width; tables fold long cells to fit it. Piped output (no terminal to measure) is
+    # 200 columns, so that whole paths stay on one line for grep, unless COLUMNS says otherwise.
+    console = Console(soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=False, width=200)
+    return console
 
 
 def _quiet_compiler_logs() -> None:
@@ -46,6 +50,7 @@ def _quiet_compiler_logs() -> None:
 def list_command() -> None:
     """Models, presets and topologies shardscope knows."""
     from rich.table import Table
+    from rich.text import Text
 
     from reference_models import MODELS
     from shardscope.presets import builtin_preset_names, get_preset
@@ -80,7 +85,8 @@ def list_command() -> None:
     installed = libtpu_version()
     for name in known_tpu_names():
         note = f"{parse_tpu_slice(name).num_devices} TPU devices"
-        topologies.add_row(name, note if installed else f"{note} (needs: pip install 'shardscope[tpu]')")
+        needs = Text(f"{note} (needs: pip install 'shardscope[tpu]')")  # Text: `[tpu]` is not markup
+        topologies.add_row(name, note if installed else needs)
     console.print(models, "", presets, "", topologies)
 
 
@@ -108,6 +114,10 @@ def dump_command(
     try:
         topology = with_slices(topology, slices)
         case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
+        if output is not None:
+            from shardscope.atomic import check_writable
+
+            check_writable(output, "-o")
         _quiet_compiler_logs()
         from shardscope.topology import configure_devices
 
@@ -215,6 +225,7 @@ JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes 
 
 
 def _write_reports(diffs, html: Path | None, markdown: Path | None) -> None:
+    """The diff command's reports: one HTML page, and the Markdown of each diff."""
     from shardscope.atomic import write_atomic
     from shardscope.report.html import render_html_many
     from shardscope.report.markdown import render_markdown
@@ -234,11 +245,16 @@ def diff_command(
 ) -> None:
     """Semantic diff of two plans. Exit 0 when they mean the same, 1 when they differ."""
     from shardscope.diff import diff_plans
-    from shardscope.golden import load_golden
+    from shardscope.plan import load_plan
     from shardscope.report.diff_terminal import diff_renderable
 
     try:
-        diff = diff_plans(load_golden(old), load_golden(new))
+        for report in (html, markdown):
+            if report is not None:
+                from shardscope.atomic import check_writable
+
+                check_writable(report, "report")
+        diff = diff_plans(load_plan(old), load_plan(new))
     except ShardscopeError as err:
         _fail(err)
     _console().print(diff_renderable(diff))
@@ -247,13 +263,22 @@ def diff_command(
 
 
 def _run_with_progress(run, cases, label: str):
+    """Runs `run(tick)`, showing "label i/N elapsed" on a terminal; quiet when output is not a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(
-        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_console(), transient=True
-    ) as progress:
-        task = progress.add_task(label, total=len(cases))
-        return run(lambda result: progress.advance(task))
+    console = _console()
+    if not console.is_terminal:
+        return run(lambda result: None)
+    columns = (
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("", total=len(cases))
+        return run(lambda result: progress.update(task, advance=1, description=result.case.case_id))
 
 
 @app.command("check")
@@ -262,34 +287,56 @@ def check_command(
     html: HtmlOption = None,
     markdown: MarkdownOption = None,
     jobs: JobsOption = 0,
+    require_all: Annotated[
+        bool,
+        typer.Option("--require-all", help="Fail when a case cannot be checked here (a TPU case without libtpu)."),
+    ] = False,
 ) -> None:
     """Re-dump every golden case and diff it. Exit 0 all same, 1 any changed/missing/orphaned, 2 bad input."""
-    from shardscope.check import check_goldens
+    from rich.text import Text
+
+    from shardscope.check import check_goldens, check_summary
     from shardscope.golden import load_manifest
     from shardscope.report.diff_terminal import diff_renderable
     from shardscope.runner import default_jobs
 
     try:
         cases = load_manifest(golden)
+        for report in (html, markdown):
+            if report is not None:
+                from shardscope.atomic import check_writable
+
+                check_writable(report, "report")
         outcomes = _run_with_progress(
             lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick), cases, "checking"
         )
     except ShardscopeError as err:
         _fail(err)
     console = _console()
-    changed = [o.diff for o in outcomes if o.status == "changed" and o.diff is not None]
-    # With nothing changed the report still says so, case by case.
-    reported = changed or [o.diff for o in outcomes if o.diff is not None]
     for outcome in outcomes:
         if outcome.status == "changed" and outcome.diff is not None:
             console.print(f"[bold]{outcome.case_id}[/] changed:")
             console.print(diff_renderable(outcome.diff))
     console.print(_outcome_table(outcomes))
-    if reported:
-        _write_reports(reported, html, markdown)
+    summary = check_summary(outcomes, golden)
+    console.print(Text(summary.line, "bold red" if summary.failed(require_all) else "bold green"))
+    for hint in summary.hints:
+        console.print(Text(hint))
+    if html is not None:
+        from shardscope.atomic import write_atomic
+        from shardscope.report.html import render_html_many
+
+        changed = [o.diff for o in outcomes if o.status == "changed" and o.diff is not None]
+        # With nothing changed the report still says so, case by case.
+        write_atomic(html, render_html_many(changed or [o.diff for o in outcomes if o.diff is not None]))
+    if markdown is not None:
+        from shardscope.atomic import write_atomic
+        from shardscope.report.markdown import render_check_markdown
+
+        write_atomic(markdown, render_check_markdown(outcomes, summary))
     if any(o.status == "error" for o in outcomes):
         raise typer.Exit(2)
-    raise typer.Exit(0 if all(o.status == "same" for o in outcomes) else 1)
+    raise typer.Exit(1 if summary.failed(require_all) else 0)
 
 
 @app.command("update")
@@ -321,6 +368,7 @@ def update_command(
 
 def _outcome_table(outcomes):
     from rich.table import Table
+    from rich.text import Text
 
     styles = {"same": "green", "unchanged": "green", "created": "cyan", "updated": "cyan"}
     table = Table(show_edge=False)
@@ -333,14 +381,28 @@ def _outcome_table(outcomes):
             for change in outcome.diff.changes:
                 kinds[change.kind] = kinds.get(change.kind, 0) + 1
             detail = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in sorted(kinds.items()))
-        style = styles.get(outcome.status, "red")
-        table.add_row(outcome.case_id, f"[{style}]{outcome.status}[/]", detail)
+        style = styles.get(outcome.status, "yellow" if outcome.status == "skipped" else "red")
+        # Text, not markup: a detail like "pip install 'shardscope[tpu]'" must print as written.
+        table.add_row(Text(outcome.case_id), Text(outcome.status, style), Text(detail))
     return table
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: a usage mistake (an unknown option, a missing argument) is one line and
+    exit 2, like every other wrong input."""
+    try:
+        code = app(prog_name="shardscope", standalone_mode=False)
+    except typer.TyperException as err:
+        format_message = getattr(err, "format_message", None)
+        message = format_message() if callable(format_message) else str(err)
+        context = getattr(err, "ctx", None)
+        command = getattr(context, "command_path", None) or "shardscope"
+        if message.strip():
+            typer.echo(f"shardscope: error: {message.rstrip('.')} (see {command} --help)", err=True)
+        raise SystemExit(getattr(err, "exit_code", 2)) from None
+    except typer.Abort:
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -76,16 +76,21 @@ def _activation_tensors(records: Sequence[ActivationRecord], mesh: dict[str, int
 
 
 def _output_tensors(
-    stage: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]]
+    stage: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]], train_step: bool
 ) -> dict[str, TensorRecord]:
-    """The shardings the program returns: the compiled program's own, or the lowered one's (as requested)."""
+    """The shardings the program returns: the compiled program's own, or the lowered one's (as requested).
+
+    A train step returns (state, metrics), whose parts have distinct names, so its tuple index is left out
+    of a tensor's name; any other function's outputs keep it (`(params, grads)` with the same keys are
+    `outputs/0/w` and `outputs/1/w`), and a lone value is `outputs`.
+    """
     tensors: dict[str, TensorRecord] = {}
     out_info = stage.out_info  # built afresh on every access: read it once
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(out_info)[0]:
-        # A train step returns (state, metrics): its tuple index is not part of a tensor's name.
-        path = path_of(key_path[1:] if isinstance(out_info, tuple) else key_path)
+        path = path_of(key_path[1:] if train_step and isinstance(out_info, tuple) else key_path)
         spec = normalize_spec(leaf.sharding.spec, len(leaf.shape))
-        tensors[f"outputs/{path}"] = tensor_record("output", leaf.shape, leaf.dtype, logical.get(path), spec, mesh)
+        name = f"outputs/{path}" if path else "outputs"
+        tensors[name] = tensor_record("output", leaf.shape, leaf.dtype, logical.get(path), spec, mesh)
     return tensors
 
 
@@ -165,7 +170,7 @@ def _step_tensors(step: CompiledStep | LoweredStep, stage: Any) -> tuple[tuple[s
     mesh = step.case.mesh_sizes
     tensors = _state_tensors(step, mesh)
     tensors.update(_activation_tensors(step.activations, mesh))
-    tensors.update(_output_tensors(stage, mesh, step.abstract.logical))
+    tensors.update(_output_tensors(stage, mesh, step.abstract.logical, train_step=True))
     return tuple(sorted(tensors.items()))
 
 
@@ -210,7 +215,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
     """
     sizes = {str(axis): int(size) for axis, size in mesh.shape.items()}
     tensors = _input_tensors(compiled, sizes)
-    tensors.update(_output_tensors(compiled, sizes, {}))
+    tensors.update(_output_tensors(compiled, sizes, {}, train_step=False))
     explicit = is_explicit(mesh)
     devices = mesh.devices.flat[0]
     return Plan(

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from shardscope.atomic import write_atomic
-from shardscope.errors import PlanError, ShardscopeError, unknown_name
-from shardscope.plan import Plan, plan_from_json, plan_to_json
+from shardscope.errors import ShardscopeError, unknown_name
+from shardscope.plan import Plan, load_plan, plan_to_json
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
@@ -133,13 +133,7 @@ def load_golden(path: Path) -> Plan:
     Raises:
       PlanError: missing, corrupt, or written by a newer shardscope.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"{path}: golden is missing") from None
-    except OSError as err:
-        raise PlanError(f"{path}: cannot read golden ({err.strerror})") from None
-    return plan_from_json(text, str(path))
+    return load_plan(path, what="golden")
 
 
 def write_golden(path: Path, plan: Plan) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shardscope.errors import PlanError
@@ -278,3 +279,22 @@ def plan_from_json(text: str, source: str = "plan") -> Plan:
     except json.JSONDecodeError as err:
         raise PlanError(f"{source}: corrupt plan (invalid JSON at line {err.lineno}: {err.msg})") from None
     return plan_from_dict(data, source)
+
+
+def load_plan(path: Path, what: str = "plan") -> Plan:
+    """Reads a plan file.
+
+    Raises:
+      PlanError: missing, unreadable, corrupt, or written by a newer shardscope.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"{what} file {path} does not exist") from None
+    except IsADirectoryError:
+        raise PlanError(f"{what} file {path} is a directory") from None
+    except OSError as err:
+        raise PlanError(f"cannot read {what} file {path} ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not a shardscope plan (not UTF-8 text)") from None
+    return plan_from_json(text, str(path))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,10 +26,33 @@ class TrafficTotals:
 
 
 def axes_label(row: CollectiveRow) -> str:
-    """ "fsdp+expert", "(single device)" for singleton groups, or the raw groups when no axes match."""
+    """ "fsdp+expert", "(single device)" for singleton groups, or a summary of device groups that match no
+    mesh axes (the whole list, which can run to thousands of characters, stays in the plan JSON)."""
     if row.axes is None:
-        return f"groups {row.groups}" if row.groups else "(unmatched)"
+        return groups_summary(row.groups) if row.groups else "(unmatched)"
     return "+".join(row.axes) if row.axes else "(single device)"
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def groups_summary(groups: str) -> str:
+    """A short description of device groups that match no mesh axes.
+
+    "{{0,1},{2,3}}" → "groups: 2 × 2 devices"; "{0->1,1->2,2->0}" → "groups: 3 pairs, shift +1 (+1 wrap)".
+    """
+    if "->" in groups:
+        pairs = [tuple(int(n) for n in _NUMBER.findall(pair)) for pair in groups.strip("{}").split(",") if pair]
+        shifts = Counter(target - source for source, target in pairs if len((source, target)) == 2)
+        common = ", ".join(f"{shift:+d}" for shift, _ in shifts.most_common(2))
+        more = f" and {len(shifts) - 2} more" if len(shifts) > 2 else ""
+        return f"groups: {len(pairs)} pairs, shift {common}{more}"
+    members = [len(_NUMBER.findall(group)) for group in re.findall(r"\{([^{}]*)\}", groups)]
+    sizes = Counter(members)
+    if len(sizes) == 1:
+        (size, count), *_ = sizes.items()
+        return f"groups: {count} × {size} devices"
+    return f"groups: {len(members)} of {min(members)}–{max(members)} devices"
 
 
 def traffic_totals(rows: Iterable[CollectiveRow]) -> TrafficTotals:

@@ -69,6 +69,12 @@ def get_topology(name: str) -> Topology:
     raise unknown_name("topology", name, ["cpu-8", "cpu-N", *known_tpu_names(), "KxTPU (e.g. 2xv5p-16)"])
 
 
+def needs_libtpu(name: str) -> bool:
+    """Whether a topology name compiles for TPU (`v5p-16`, `2xv5p-16`), which needs the TPU extra."""
+    slices = _SLICES.fullmatch(name)
+    return is_tpu_name(slices.group(2) if slices else name)
+
+
 def with_slices(topology: str, slices: int) -> str:
     """The topology name `--slices K` stands for: K copies of a TPU slice (`2xv5p-16`)."""
     if slices == 1:

@@ -39,7 +39,7 @@ def assert_user_error(result, *fragments: str) -> None:
         (("dump", "deepseek-tiny", "--topology", "cpu8"), ("unknown topology 'cpu8'", "did you mean 'cpu-8'")),
         (("dump", "deepseek-tiny", "--mesh", "fsdp=3,expert=2"), ("uses 6 devices but the topology has 8",)),
         (("dump", "deepseek-tiny", "--preset", "ep-as-cp", "--mesh", "tensor=2"), ("missing mesh axis", "'tensor'")),
-        (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), ("expected a value like 32",)),
+        (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), ("expected a positive integer",)),
         (("dump", "deepseek-tiny", "--set", "moe=ragged"), ("moe must be one of all_to_all, ring",)),
         (("dump", "deepseek-tiny", "--set", "mo=ring"), ("unknown setting 'mo'", "did you mean 'moe'")),
         (("explain", "--preset", "nope", "embed"), ("unknown preset 'nope'",)),
@@ -164,7 +164,7 @@ def test_diff_exit_codes_and_reports(tmp_path):
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text("{not json")
     assert_user_error(run("diff", str(corrupt), str(GOLDEN / "default.json")), "corrupt plan")
-    assert_user_error(run("diff", str(tmp_path / "absent.json"), str(GOLDEN / "default.json")), "missing")
+    assert_user_error(run("diff", str(tmp_path / "absent.json"), str(GOLDEN / "default.json")), "does not exist")
 
 
 def test_check_and_update_input_errors(tmp_path):

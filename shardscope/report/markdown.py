@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from shardscope.atomic import write_atomic
+from shardscope.check import CaseOutcome, CheckSummary
 from shardscope.diff import (
     COLLECTIVE_KINDS,
     TENSOR_KINDS,
@@ -187,3 +188,23 @@ def render_markdown(diff: PlanDiff) -> str:
 def write_markdown(diff: PlanDiff, path: Path) -> None:
     """Renders the summary and writes it atomically to `path`."""
     write_atomic(path, render_markdown(diff))
+
+
+def render_check_markdown(outcomes: Sequence[CaseOutcome], summary: CheckSummary) -> str:
+    """A whole check for a PR comment: one summary table (a line per case), then each changed case's diff."""
+    lines = [f"## shardscope check: {md_escape(summary.line)}", ""]
+    lines += ["| case | status | what changed |", "|:--|:--|:--|"]
+    for outcome in outcomes:
+        detail = outcome.message
+        if outcome.diff is not None and not outcome.diff.same:
+            detail = ", ".join(summary_counts(outcome.diff))
+            before, after = outcome.diff.totals_before.total, outcome.diff.totals_after.total
+            if before != after:
+                detail += f"; traffic {human_bytes(before)} → {human_bytes(after)} ({delta_text(before, after)})"
+        lines.append(f"| {md_escape(outcome.case_id)} | {outcome.status} | {md_escape(detail)} |")
+    lines += ["", *(md_escape(hint) for hint in summary.hints)]
+    for outcome in outcomes:
+        if outcome.status == "changed" and outcome.diff is not None:
+            lines += ["", "---", "", f"#### {md_escape(outcome.case_id)}", ""]
+            lines += render_markdown(outcome.diff).splitlines()[1:]
+    return "\n".join(lines).rstrip() + "\n"

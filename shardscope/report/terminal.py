@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -12,6 +12,27 @@ from shardscope.diff import mesh_label
 from shardscope.plan import CollectiveRow, Plan
 from shardscope.rules import DimDecision, Rule, SpecEntry
 from shardscope.summary import axes_label, bytes_by_kind, human_bytes, traffic_totals
+
+
+class FitToWidth:
+    """A table built for the width it is rendered in: column minimums scale with the terminal, so long
+    paths fold inside their cells on a narrow terminal and no row runs past its edge."""
+
+    def __init__(self, build: Callable[[int], Table]) -> None:
+        self._build = build
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._build(options.max_width)
+
+
+def column_widths(width: int, fixed: Mapping[str, int], shares: Mapping[str, float]) -> dict[str, int]:
+    """Exact column widths for a table of `width` cells (no edge, one cell of padding each side, one
+    separator between columns): `fixed` columns get their width, the rest shares what is left."""
+    columns = len(fixed) + len(shares)
+    left = width - sum(fixed.values()) - 3 * columns + 1
+    total = sum(shares.values())
+    flexible = {name: max(6, int(left * share / total)) for name, share in shares.items()}
+    return dict(fixed) | flexible
 
 
 def spec_text(spec: Sequence[SpecEntry]) -> str:
@@ -36,12 +57,18 @@ def _totals_table(title: str, rows: Sequence[tuple[str, int]], total: int) -> Ta
     return table
 
 
-def collectives_table(rows: Sequence[CollectiveRow], title: str = "Collectives") -> Table:
+def collectives_table(rows: Sequence[CollectiveRow], title: str = "Collectives") -> FitToWidth:
     """Every collective row: op, axes, pass, source, shape, bytes, count, trips, total."""
+    return FitToWidth(lambda width: _collectives_table(rows, title, width))
+
+
+def _collectives_table(rows: Sequence[CollectiveRow], title: str, width: int) -> Table:
     table = Table(title=title, title_justify="left", show_edge=False)
+    fixed = {"op": 18, "pass": 9, "bytes": 10, "count": 5, "trips": 5, "total": 10}
+    widths = column_widths(width, fixed, {"axes": 2, "source": 4, "dtype[shape]": 2})
     for column in ("op", "axes", "pass", "source", "dtype[shape]", "bytes", "count", "trips", "total"):
         right = column in ("bytes", "count", "trips", "total")
-        table.add_column(column, justify="right" if right else "left", no_wrap=column in ("op", "source"))
+        table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
     for row in rows:
         shape = f"{row.dtype}[{','.join(map(str, row.shape))}]"
         axes = axes_label(row) + (f" shift {row.shift:+d}" if row.shift is not None else "")

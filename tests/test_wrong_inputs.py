@@ -1,0 +1,151 @@
+"""A catalogue of wrong inputs: each is exit 2, at most three lines on stderr, no traceback, and leaves every
+existing file as it was (a plan written before, a golden directory).
+
+Commands run through the console-script entry point (`shardscope.cli.main`), so usage mistakes (an unknown
+option, a missing argument) are held to the same rule as every other wrong input.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardscope.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "golden" / "deepseek-tiny" / "cpu-8"
+
+# Files each case starts with (relative to its working directory).
+PRESET_FILES = {
+    "bad.yaml": "mesh_axes: [fsdp\n",
+    "unknown_key.yaml": "mesh_axes: [fsdp]\nlogical_axis_rule: []\n",
+    "twice_mesh.yaml": "mesh_axes: [fsdp, fsdp]\n",
+    "twice_rule.yaml": "mesh_axes: [fsdp, expert]\nlogical_axis_rules: [[embed, [fsdp, fsdp]]]\n",
+    "sizes_missing_axis.yaml": "mesh_axes: [fsdp]\nmesh: {fsdp: -1, expert: 2}\n",
+    "not_mapping.yaml": "- fsdp\n- expert\n",
+    "rule_shape.yaml": "mesh_axes: [fsdp]\nlogical_axis_rules: [[embed]]\n",
+    "bad_moe.yaml": "mesh_axes: [fsdp]\nmoe: ragged\n",
+    "no_mesh_axes.yaml": "logical_axis_rules: []\n",
+    "pipeline_key.yaml": "mesh_axes: [stage, fsdp]\npipeline: {stages: 2}\n",
+}
+
+CASES: list[tuple[tuple[str, ...], str]] = [
+    # names
+    (("dump", "deepseek-tin"), "did you mean 'deepseek-tiny'"),
+    (("dump", "deepseek-tiny", "--preset", "ep-as-cpp"), "did you mean 'ep-as-cp'"),
+    (("dump", "deepseek-tiny", "--topology", "cpu8"), "did you mean 'cpu-8'"),
+    (("dump", "deepseek-tiny", "--topology", "cpu-0"), "device count must be"),
+    (("dump", "deepseek-tiny", "--topology", "v5p-17"), "v5p-17"),
+    (("dump", "deepseek-tiny", "--slices", "2"), "--slices 2"),
+    (("explain", "--preset", "nope", "embed"), "unknown preset 'nope'"),
+    # meshes
+    (("dump", "deepseek-tiny", "--mesh", "fsdp=3,expert=2"), "uses 6 devices but the topology has 8"),
+    (("dump", "deepseek-tiny", "--mesh", "fsdp=-1,expert=3"), "does not fit 8 devices"),
+    (("dump", "deepseek-tiny", "--mesh", "fsdp=-1,expert=-1"), "only one axis may be -1"),
+    (("dump", "deepseek-tiny", "--mesh", "fsdp=0"), "must be positive or -1"),
+    (("dump", "deepseek-tiny", "--mesh", "fsdp:4"), "expected axis=size pairs"),
+    (("dump", "deepseek-tiny", "--preset", "ep-as-cp", "--mesh", "tensor=2"), "missing mesh axis"),
+    (("explain", "--preset", "default", "--mesh", "fdsp=2", "embed"), "did you mean 'fsdp'"),
+    # --set
+    (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), "expected a positive integer"),
+    (("dump", "deepseek-tiny", "--set", "model.seq_len=-5"), "expected a positive integer"),
+    (("dump", "deepseek-tiny", "--set", "model.num_layers=0"), "expected a positive integer"),
+    (("dump", "deepseek-tiny", "--set", "model.dtype=int8"), "expected one of bfloat16, float16, float32"),
+    (("dump", "deepseek-tiny", "--set", "model.capacity_factor=abc"), "or none (dropless)"),
+    (("dump", "deepseek-tiny", "--set", "model.capacity_factor=-1"), "positive number"),
+    (("dump", "deepseek-tiny", "--set", "model.per_device_batch=0"), "positive number"),
+    (("dump", "deepseek-tiny", "--set", "model.global_batch=x"), "whole number of sequences"),
+    (("dump", "deepseek-tiny", "--set", "model.first_dense_layers=9"), "exceeds num_layers=5"),
+    (("dump", "mixtral-tiny", "--set", "model.first_dense_layers=1"), "Mixtral has no dense layers"),
+    (("dump", "deepseek2-16b", "--set", "model.per_device_batch=0.3"), "not a whole number"),
+    (("dump", "deepseek-tiny", "--set", "model.vocab=10"), "unknown setting 'model.vocab'"),
+    (("dump", "deepseek-tiny", "--set", "mo=ring"), "did you mean 'moe'"),
+    (("dump", "deepseek-tiny", "--set", "moe=ragged"), "moe must be one of all_to_all, ring"),
+    (("dump", "deepseek-tiny", "--set", "shard_mode=manual"), "shard_mode must be one of auto, explicit"),
+    (("dump", "deepseek-tiny", "--set", "noequals"), "expected key=value"),
+    (("dump", "deepseek-tiny", "--set", "pipeline.microbatches=0"), "positive integer"),
+    (("dump", "deepseek-tiny", "--set", "pipeline.stages=2"), "unknown setting 'pipeline.stages'"),
+    (
+        ("dump", "deepseek-tiny", "--preset", "explicit-pipeline", "--set", "pipeline.microbatches=4"),
+        "does not split over fsdp×expert",
+    ),
+    (("dump", "deepseek-tiny", "--preset", "explicit-pipeline", "--set", "pipeline.repeats=2"), "circular"),
+    (("dump", "mixtral-tiny", "--preset", "ep-as-cp", "--set", "model.seq_len=33"), "do not divide"),
+    (("dump", "mixtral-tiny", "--preset", "ep-tp", "--mesh", "fsdp=2,expert=4"), "do not divide"),
+    # preset files
+    (("dump", "deepseek-tiny", "--preset", "bad.yaml"), "malformed YAML at line"),
+    (("dump", "deepseek-tiny", "--preset", "unknown_key.yaml"), "unknown key 'logical_axis_rule'"),
+    (("dump", "deepseek-tiny", "--preset", "twice_mesh.yaml"), "more than once"),
+    (("dump", "deepseek-tiny", "--preset", "twice_rule.yaml"), "more than once"),
+    (("explain", "--preset", "sizes_missing_axis.yaml", "embed"), "missing mesh axis"),
+    (("dump", "deepseek-tiny", "--preset", "not_mapping.yaml"), "expected a YAML mapping"),
+    (("dump", "deepseek-tiny", "--preset", "rule_shape.yaml"), "must be [logical_name, mesh_axes]"),
+    (("dump", "deepseek-tiny", "--preset", "bad_moe.yaml"), "moe must be one of"),
+    (("dump", "deepseek-tiny", "--preset", "no_mesh_axes.yaml"), "missing required key 'mesh_axes'"),
+    (("dump", "deepseek-tiny", "--preset", "pipeline_key.yaml"), "unknown pipeline key 'stages'"),
+    (("dump", "deepseek-tiny", "--preset", "absent.yaml"), "does not exist"),
+    # outputs
+    (("dump", "deepseek-tiny", "-o", "existing.json/plan.json"), "is a file, not a directory"),
+    (("dump", "deepseek-tiny", "-o", "."), "is a directory"),
+    (("diff", "existing.json", "existing.json", "--html", "existing.json/r.html"), "is a file, not a directory"),
+    # plans and goldens
+    (("diff", "existing.json", "absent.json"), "plan file absent.json does not exist"),
+    (("diff", "corrupt.json", "existing.json"), "corrupt plan"),
+    (("diff", "newer.json", "existing.json"), "newer than this shardscope reads"),
+    (("check", "--golden", "empty"), "no cases.yaml"),
+    (("update", "--golden", "golden", "deepseek-tiny/cpu-8/defualt"), "did you mean"),
+    # explain
+    (("explain", "--preset", "default", "embed", "embed"), "more than once"),
+    # HLO files
+    (("collectives", "junk.txt"), "junk.txt"),
+    (("collectives", "absent.txt"), "cannot read"),
+    # usage
+    (("dump", "deepseek-tiny", "--presets", "default"), "No such option: --presets"),
+    (("explain",), "Missing argument"),
+    (("dump", "deepseek-tiny", "extra"), "unexpected extra argument"),
+    (("dump", "deepseek-tiny", "--slices", "two"), "Invalid value for '--slices'"),
+]
+
+
+@pytest.fixture()
+def workdir(tmp_path, monkeypatch):
+    """A directory holding an earlier plan, a corrupt and a newer-schema plan, preset files and a golden set."""
+    for name, text in PRESET_FILES.items():
+        (tmp_path / name).write_text(text)
+    shutil.copy(GOLDEN / "default.json", tmp_path / "existing.json")
+    (tmp_path / "corrupt.json").write_text("{not json")
+    newer = (GOLDEN / "default.json").read_text().replace('"shardscope.plan/1"', '"shardscope.plan/9"')
+    (tmp_path / "newer.json").write_text(newer)
+    (tmp_path / "junk.txt").write_text("this is not an HLO module\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: default}\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def test_the_catalogue_is_long():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize(("args", "fragment"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_wrong_input(args, fragment, workdir, monkeypatch, capsys):
+    before = snapshot(workdir)
+    monkeypatch.setattr(sys, "argv", ["shardscope", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2, captured.out + captured.err
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 3, captured.err
+    assert lines[0].startswith("shardscope: error: "), captured.err
+    assert fragment in captured.err
+    assert "Traceback" not in captured.err + captured.out
+    assert snapshot(workdir) == before
