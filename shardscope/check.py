@@ -8,7 +8,7 @@ from pathlib import Path
 
 from shardscope.diff import PlanDiff, diff_plans
 from shardscope.errors import PlanError
-from shardscope.golden import GoldenCase, golden_path, load_golden, orphan_goldens, write_golden
+from shardscope.golden import GoldenCase, golden_path, load_golden, orphan_goldens, read_golden_text, write_golden
 from shardscope.plan import plan_from_json
 from shardscope.runner import DumpResult, dump_cases, resolve_golden_case
 from shardscope.topology import needs_libtpu
@@ -57,7 +57,7 @@ def plannable_here(cases: Sequence[GoldenCase], root: Path) -> tuple[list[Golden
 
 
 def check_goldens(
-    root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress
+    root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress, use_cache: bool = True
 ) -> tuple[CaseOutcome, ...]:
     """Re-dumps every case that has a golden and diffs it; missing and orphaned goldens are outcomes too.
 
@@ -70,7 +70,7 @@ def check_goldens(
         resolve_golden_case(case)  # a wrong name fails the whole check before anything compiles
     outcomes: list[CaseOutcome] = list(skipped)
     present: list[GoldenCase] = []
-    goldens = {}
+    goldens: dict[str, str] = {}
     for case in runnable:
         path = golden_path(root, case)
         if not path.exists():
@@ -78,7 +78,7 @@ def check_goldens(
                 CaseOutcome(case.case_id, "missing", path, message=f"create it: shardscope update {case.case_id}")
             )
             continue
-        goldens[case.case_id] = load_golden(path)
+        goldens[case.case_id] = read_golden_text(path)
         present.append(case)
     for path in orphan_goldens(root, cases):
         outcomes.append(
@@ -86,24 +86,37 @@ def check_goldens(
                 str(path.relative_to(root)), "orphan", path, message=f"no case in cases.yaml owns it: delete {path}"
             )
         )
-    for result in dump_cases(present, jobs):
+    for result in dump_cases(present, jobs, use_cache):
         progress(result)
         path = golden_path(root, result.case)
         if result.plan_json is None:
             outcomes.append(_failed(result, path))
             continue
-        diff = diff_plans(goldens[result.case.case_id], plan_from_json(result.plan_json, result.case.case_id))
+        golden = goldens[result.case.case_id]
+        if result.plan_json == golden:
+            # Plans are canonical text: byte-identical means the same (no parse, no diff needed).
+            outcomes.append(CaseOutcome(result.case.case_id, "same", path))
+            continue
+        diff = diff_plans(plan_from_json(golden, str(path)), plan_from_json(result.plan_json, result.case.case_id))
         outcomes.append(CaseOutcome(result.case.case_id, "same" if diff.same else "changed", path, diff))
     return tuple(sorted(outcomes, key=lambda o: o.case_id))
 
 
+def outcome_diff(outcome: CaseOutcome) -> PlanDiff | None:
+    """The outcome's diff; for a golden reproduced byte for byte, the (empty) diff of the golden with itself."""
+    if outcome.diff is not None or outcome.status != "same":
+        return outcome.diff
+    golden = load_golden(outcome.path)
+    return diff_plans(golden, golden)
+
+
 def update_goldens(
-    root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress
+    root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress, use_cache: bool = True
 ) -> tuple[CaseOutcome, ...]:
     """Re-dumps the cases and writes their goldens atomically; says which were created or changed."""
     cases, skipped = plannable_here(cases, root)
     outcomes = list(skipped)
-    for result in dump_cases(cases, jobs):
+    for result in dump_cases(cases, jobs, use_cache):
         progress(result)
         path = golden_path(root, result.case)
         if result.plan_json is None:

@@ -106,6 +106,7 @@ def dump_command(
         bool,
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
     ] = False,
+    no_cache: NoCacheOption = False,
 ) -> None:
     """Compile one case and print its plan summary; write the plan JSON with -o."""
     from shardscope.case import parse_overrides, resolve_case
@@ -118,16 +119,24 @@ def dump_command(
             from shardscope.atomic import check_writable
 
             check_writable(output, "-o")
-        _quiet_compiler_logs()
-        from shardscope.topology import configure_devices
-
-        configure_devices(case.topology)
         from shardscope.atomic import write_atomic
-        from shardscope.extract import plan_case
-        from shardscope.plan import plan_to_json
+        from shardscope.cache import case_key, load_plan_text, store
+        from shardscope.plan import plan_from_json, plan_to_json
         from shardscope.report.terminal import plan_summary
 
-        plan = plan_case(case, tensors_only=tensors_only)
+        key = None if no_cache else case_key(case, tensors_only)
+        cached = load_plan_text(key) if key is not None else None
+        if cached is not None:
+            plan = plan_from_json(cached, "cached plan")
+        else:
+            _quiet_compiler_logs()
+            from shardscope.extract import plan_case
+            from shardscope.topology import configure_devices
+
+            configure_devices(case.topology)
+            plan = plan_case(case, tensors_only=tensors_only)
+            if key is not None:
+                store(key, plan_to_json(plan))
     except ShardscopeError as err:
         _fail(err)
     console = _console()
@@ -222,6 +231,9 @@ HtmlOption = Annotated[Path | None, typer.Option("--html", help="Write a self-co
 MarkdownOption = Annotated[Path | None, typer.Option("--markdown", help="Write a Markdown summary (for a PR comment).")]
 GoldenOption = Annotated[Path, typer.Option("--golden", help="Golden directory (with cases.yaml).")]
 JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes (default: one per core).")]
+NoCacheOption = Annotated[
+    bool, typer.Option("--no-cache", help="Compile every case, even those whose inputs are all unchanged.")
+]
 
 
 def _write_reports(diffs, html: Path | None, markdown: Path | None) -> None:
@@ -291,6 +303,7 @@ def check_command(
         bool,
         typer.Option("--require-all", help="Fail when a case cannot be checked here (a TPU case without libtpu)."),
     ] = False,
+    no_cache: NoCacheOption = False,
 ) -> None:
     """Re-dump every golden case and diff it. Exit 0 all same, 1 any changed/missing/orphaned, 2 bad input."""
     from rich.text import Text
@@ -308,7 +321,7 @@ def check_command(
 
                 check_writable(report, "report")
         outcomes = _run_with_progress(
-            lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick), cases, "checking"
+            lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick, not no_cache), cases, "checking"
         )
     except ShardscopeError as err:
         _fail(err)
@@ -324,11 +337,13 @@ def check_command(
         console.print(Text(hint))
     if html is not None:
         from shardscope.atomic import write_atomic
+        from shardscope.check import outcome_diff
         from shardscope.report.html import render_html_many
 
         changed = [o.diff for o in outcomes if o.status == "changed" and o.diff is not None]
         # With nothing changed the report still says so, case by case.
-        write_atomic(html, render_html_many(changed or [o.diff for o in outcomes if o.diff is not None]))
+        same = [d for o in outcomes if o.status == "same" and (d := outcome_diff(o)) is not None]
+        write_atomic(html, render_html_many(changed or same))
     if markdown is not None:
         from shardscope.atomic import write_atomic
         from shardscope.report.markdown import render_check_markdown
@@ -344,6 +359,7 @@ def update_command(
     cases_wanted: Annotated[list[str] | None, typer.Argument(metavar="[CASE]...", help="model/topology/name")] = None,
     golden: GoldenOption = Path("golden"),
     jobs: JobsOption = 0,
+    no_cache: NoCacheOption = False,
 ) -> None:
     """Regenerate goldens (all, or the named cases); every write is atomic."""
     from shardscope.check import update_goldens
@@ -354,7 +370,7 @@ def update_command(
         all_cases = load_manifest(golden)
         chosen = select_cases(all_cases, cases_wanted or [])
         outcomes = _run_with_progress(
-            lambda tick: update_goldens(golden, chosen, jobs or default_jobs(), tick), chosen, "updating"
+            lambda tick: update_goldens(golden, chosen, jobs or default_jobs(), tick, not no_cache), chosen, "updating"
         )
     except ShardscopeError as err:
         _fail(err)

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from reference_models.config import DecoderConfig
 from reference_models.decoder import Transformer, next_token_loss
 from reference_models.sharding import ActivationRecord, PipelineSettings, ShardingContext, sharding_context
-from shardscope.case import Case
+from shardscope.case import Case, compiler_options_for
 from shardscope.errors import ShardingError
 from shardscope.rules import Spec, drop_unit_axes, indivisible_dims, resolve_logical
 from shardscope.topology import build_mesh
@@ -183,19 +183,6 @@ def pipeline_settings(case: Case) -> PipelineSettings | None:
     if pipeline is None or case.mesh_sizes.get(pipeline.stages_axis, 1) == 1:
         return None
     return PipelineSettings(stage_axis=pipeline.stages_axis, microbatches=pipeline.microbatches)
-
-
-def compiler_options_for(case: Case) -> dict[str, Any]:
-    """CPU options that leave the partitioned program (shardings, collectives) unchanged and compile faster.
-
-    LLVM optimisation level 0 and XLA's classic loop emitters instead of its newer fusion emitters change
-    only how fused loops become machine code; together they cut a tiny model's compile to about a third.
-    The one thing they move is the temp buffer size, by well under the diff's temp tolerance (0.3% on
-    deepseek-tiny); the options are recorded in each plan's provenance.
-    """
-    if case.topology.platform != "cpu":
-        return {}
-    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def lower_case(case: Case) -> LoweredStep:

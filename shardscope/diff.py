@@ -18,6 +18,8 @@ from deepdiff import DeepDiff
 from shardscope.plan import PASSES, CaseRecord, CollectiveRow, Plan, TensorRecord
 from shardscope.rules import SpecEntry
 from shardscope.summary import TrafficTotals, axes_label, bytes_by_kind, traffic_totals
+from shardscope.topology import format_mesh as mesh_text
+from shardscope.topology import mesh_label
 
 # `temp_bytes` is the scratch space XLA's buffer assignment chose; it depends on fusion and scheduling
 # heuristics that may read the host (CPU features, thread count), so it can differ slightly between two
@@ -128,23 +130,6 @@ def unit_axes(old: CaseRecord, new: CaseRecord) -> frozenset[str]:
     sizes_old, sizes_new = dict(old.mesh), dict(new.mesh)
     names = sizes_old.keys() | sizes_new.keys()
     return frozenset(a for a in names if sizes_old.get(a, 1) == 1 and sizes_new.get(a, 1) == 1)
-
-
-def mesh_text(mesh: Iterable[tuple[str, int]]) -> str:
-    """The mesh as the CLI spells it: data=1,fsdp=4,expert=2 (order matters: it places devices)."""
-    return ",".join(f"{axis}={size}" for axis, size in mesh)
-
-
-def mesh_label(mesh: Iterable[tuple[str, int]]) -> str:
-    """The mesh for a reader: the axes that split devices, then how many axes have size 1.
-
-    MaxText's default mesh has twelve axes, most of them of size 1 on any one run:
-    "fsdp=4,expert=2 (+10 axes of size 1)".
-    """
-    axes = tuple(mesh)
-    shown = ",".join(f"{axis}={size}" for axis, size in axes if size != 1) or "one device"
-    idle = sum(1 for _, size in axes if size == 1)
-    return shown + (f" (+{idle} {'axis' if idle == 1 else 'axes'} of size 1)" if idle else "")
 
 
 def _jsonable(value: Any) -> Any:

@@ -8,6 +8,7 @@ module touches the golden directory; writes are atomic, reads check the schema.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from typing import Any
 import yaml
 
 from shardscope.atomic import write_atomic
-from shardscope.errors import ShardscopeError, unknown_name
-from shardscope.plan import Plan, load_plan, plan_to_json
+from shardscope.errors import PlanError, ShardscopeError, unknown_name
+from shardscope.plan import Plan, check_schema, load_plan, plan_to_json
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
@@ -134,6 +135,25 @@ def load_golden(path: Path) -> Plan:
       PlanError: missing, corrupt, or written by a newer shardscope.
     """
     return load_plan(path, what="golden")
+
+
+def read_golden_text(path: Path) -> str:
+    """A golden's canonical JSON text, checked to be a plan this version reads (not parsed into records).
+
+    Raises:
+      PlanError: missing, unreadable, invalid JSON, or of a newer schema.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"golden file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise PlanError(f"cannot read golden file {path} ({err})") from None
+    try:
+        check_schema(json.loads(text), str(path))
+    except json.JSONDecodeError as err:
+        raise PlanError(f"{path}: corrupt plan (invalid JSON at line {err.lineno}: {err.msg})") from None
+    return text
 
 
 def write_golden(path: Path, plan: Plan) -> None:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from shardscope.cache import case_key, load_plan_text, store
 from shardscope.case import Case, parse_overrides, resolve_case
 from shardscope.golden import GoldenCase
 from shardscope.topology import parse_mesh_arg
@@ -68,12 +69,30 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def dump_cases(cases: Sequence[GoldenCase], jobs: int) -> Iterator[DumpResult]:
+def dump_cases(cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True) -> Iterator[DumpResult]:
     """Plans every case, yielding results as they finish (in any order).
 
-    Cases are validated first, so a wrong name or mesh fails before anything compiles.
+    Cases are validated first, so a wrong name or mesh fails before anything compiles. A case whose
+    inputs are all unchanged comes from the plan cache (see `shardscope.cache`) without compiling; the
+    rest are compiled, and cached.
     """
     resolved = [resolve_golden_case(case) for case in cases]
+    keys = [case_key(case) for case in resolved] if use_cache else [None] * len(resolved)
+    pending: list[int] = []
+    for index, key in enumerate(keys):
+        cached = load_plan_text(key) if key is not None else None
+        if cached is not None:
+            yield DumpResult(cases[index], cached)
+        else:
+            pending.append(index)
+    for result in _compile_cases([cases[i] for i in pending], [resolved[i] for i in pending], jobs):
+        key = keys[cases.index(result.case)]
+        if key is not None and result.plan_json is not None:
+            store(key, result.plan_json)
+        yield result
+
+
+def _compile_cases(cases: Sequence[GoldenCase], resolved: Sequence[Case], jobs: int) -> Iterator[DumpResult]:
     if not cases:
         return
     devices = max(c.topology.num_devices if c.topology.platform == "cpu" else 1 for c in resolved)

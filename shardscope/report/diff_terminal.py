@@ -18,13 +18,13 @@ from shardscope.diff import (
     PlanDiff,
     TensorGroup,
     group_tensor_changes,
-    mesh_label,
     unit_axes,
 )
 from shardscope.plan import CaseRecord
 from shardscope.report.terminal import FitToWidth, column_widths, spec_text
 from shardscope.rules import SpecEntry
 from shardscope.summary import human_bytes
+from shardscope.topology import mesh_label
 
 # One headline line: a name and its value on each side (None where that side lacks it).
 HeadlineRow = tuple[str, int | None, int | None]

@@ -23,7 +23,6 @@ from shardscope.diff import (
     PlanDiff,
     case_dict,
     group_tensor_changes,
-    mesh_label,
     unit_axes,
 )
 from shardscope.plan import TENSOR_KINDS as RECORD_KINDS
@@ -47,6 +46,7 @@ from shardscope.report.diff_terminal import (
 from shardscope.report.terminal import spec_text
 from shardscope.rules import SpecEntry
 from shardscope.summary import axes_label, human_bytes
+from shardscope.topology import mesh_label
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Collective row classes, so that added/removed/changed rows read like a code diff.

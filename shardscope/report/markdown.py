@@ -29,13 +29,13 @@ from shardscope.report.diff_terminal import (
     delta_text,
     dim_phrases,
     headline_sections,
-    mesh_label,
     signed_bytes,
     summary_counts,
     tensor_bytes,
     value_text,
 )
 from shardscope.summary import human_bytes
+from shardscope.topology import mesh_label
 
 TOP_TENSORS = 8
 TOP_COLLECTIVES = 8

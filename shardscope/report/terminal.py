@@ -8,10 +8,10 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.diff import mesh_label
 from shardscope.plan import CollectiveRow, Plan
 from shardscope.rules import DimDecision, Rule, SpecEntry
 from shardscope.summary import axes_label, bytes_by_kind, human_bytes, traffic_totals
+from shardscope.topology import mesh_label
 
 
 class FitToWidth:
