@@ -53,6 +53,18 @@ class LoweredStep:
 
 
 @dataclass(frozen=True)
+class TracedStep:
+    """The forward pass traced (not lowered) on the case's mesh: every activation placement, and the
+    train step's declared outputs."""
+
+    case: Case
+    mesh: jax.sharding.Mesh
+    abstract: AbstractState
+    activations: tuple[ActivationRecord, ...]
+    out_info: Any  # (state, {"loss": …}) of ShapeDtypeStruct with the step's out_shardings
+
+
+@dataclass(frozen=True)
 class CompiledStep:
     """The compiled train step and what was recorded while tracing it."""
 
@@ -144,17 +156,24 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh) -> AbstractState:
     return AbstractState(placed, batch, state_shardings, batch_shardings, logical)
 
 
+def make_loss(case: Case):
+    """The forward pass and next-token loss: (params, batch) → loss."""
+    model = Transformer(case.model)
+
+    def loss_of(params, batch):
+        logits: Any = model.apply({"params": params}, batch["tokens"])
+        return next_token_loss(logits, batch["targets"])
+
+    return loss_of
+
+
 def make_train_step(case: Case):
     """Forward, next-token loss, gradients and an AdamW update: the step that gets sharded."""
-    model = Transformer(case.model)
+    loss_of = make_loss(case)
     optimizer = make_optimizer()
 
     def train_step(state, batch):
-        def loss_of(params):
-            logits: Any = model.apply({"params": params}, batch["tokens"])
-            return next_token_loss(logits, batch["targets"])
-
-        loss, grads = jax.value_and_grad(loss_of)(state["params"])
+        loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt_state": opt_state}, {"loss": loss}
@@ -183,6 +202,27 @@ def pipeline_settings(case: Case) -> PipelineSettings | None:
     if pipeline is None or case.mesh_sizes.get(pipeline.stages_axis, 1) == 1:
         return None
     return PipelineSettings(stage_axis=pipeline.stages_axis, microbatches=pipeline.microbatches)
+
+
+def trace_case(case: Case) -> TracedStep:
+    """Every tensor's sharding without lowering or compiling: the forward pass traced under the case's rules.
+
+    Parameters, optimizer state and inputs are placed by the rules before any trace; activations are
+    recorded as the forward pass is traced (the backward pass places none of its own); the step's outputs
+    are what it declares (its out_shardings, which the compiled program keeps).
+
+    Raises:
+      ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
+      MeshError: the mesh needs more devices than this process has.
+    """
+    mesh = build_mesh(case.topology, case.mesh, explicit=case.preset.shard_mode == "explicit")
+    abstract = abstract_state(case, mesh)
+    forward = jax.jit(make_loss(case), in_shardings=(abstract.state_shardings["params"], abstract.batch_shardings))
+    context = sharding_context_for(case, mesh)
+    with sharding_context(context), jax.set_mesh(mesh):
+        forward.trace(abstract.state["params"], abstract.batch)
+    loss = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    return TracedStep(case, mesh, abstract, tuple(context.records), (abstract.state, {"loss": loss}))
 
 
 def lower_case(case: Case) -> LoweredStep:

@@ -13,7 +13,7 @@ import numpy as np
 from reference_models.sharding import ActivationRecord, is_explicit
 from shardscope.case import Case
 from shardscope.collectives import extract_collectives
-from shardscope.compile import CompiledStep, LoweredStep, compile_case, lower_case, path_of
+from shardscope.compile import CompiledStep, TracedStep, compile_case, path_of, trace_case
 from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord
 from shardscope.rules import Spec, normalize_entry, shard_shape
 from shardscope.topology import DCN_AXIS
@@ -43,7 +43,7 @@ def tensor_record(
     )
 
 
-def _state_tensors(step: CompiledStep | LoweredStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:
+def _state_tensors(step: CompiledStep | TracedStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:
     tensors: dict[str, TensorRecord] = {}
     abstract = step.abstract
     leaves = jax.tree_util.tree_flatten_with_path(abstract.state)[0]
@@ -76,7 +76,7 @@ def _activation_tensors(records: Sequence[ActivationRecord], mesh: dict[str, int
 
 
 def _output_tensors(
-    stage: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]], train_step: bool
+    out_info: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]], train_step: bool
 ) -> dict[str, TensorRecord]:
     """The shardings the program returns: the compiled program's own, or the lowered one's (as requested).
 
@@ -85,7 +85,6 @@ def _output_tensors(
     `outputs/0/w` and `outputs/1/w`), and a lone value is `outputs`.
     """
     tensors: dict[str, TensorRecord] = {}
-    out_info = stage.out_info  # built afresh on every access: read it once
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(out_info)[0]:
         path = path_of(key_path[1:] if train_step and isinstance(out_info, tuple) else key_path)
         spec = normalize_spec(leaf.sharding.spec, len(leaf.shape))
@@ -165,12 +164,12 @@ def _case_record(case: Case) -> CaseRecord:
     )
 
 
-def _step_tensors(step: CompiledStep | LoweredStep, stage: Any) -> tuple[tuple[str, TensorRecord], ...]:
-    """Every tensor of a traced step, sorted by path; outputs as `stage` (lowered or compiled) returns them."""
+def _step_tensors(step: CompiledStep | TracedStep, out_info: Any) -> tuple[tuple[str, TensorRecord], ...]:
+    """Every tensor of a traced step, sorted by path; its outputs as `out_info` describes them."""
     mesh = step.case.mesh_sizes
     tensors = _state_tensors(step, mesh)
     tensors.update(_activation_tensors(step.activations, mesh))
-    tensors.update(_output_tensors(stage, mesh, step.abstract.logical, train_step=True))
+    tensors.update(_output_tensors(out_info, mesh, step.abstract.logical, train_step=True))
     return tuple(sorted(tensors.items()))
 
 
@@ -180,20 +179,20 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     return Plan(
         case=_case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
-        tensors=_step_tensors(step, step.compiled),
+        tensors=_step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
         collectives=extract_collectives(hlo_text, slice_mesh(case)),
         memory=_memory(step.compiled),
         schema=SCHEMA,
     )
 
 
-def extract_tensors_plan(step: LoweredStep) -> Plan:
-    """The tensors-only plan of a lowered step: every tensor's sharding, no collectives or memory."""
+def extract_tensors_plan(step: TracedStep) -> Plan:
+    """The tensors-only plan of a traced step: every tensor's sharding, no collectives or memory."""
     case = step.case
     return Plan(
         case=_case_record(case),
         provenance=provenance(case.topology.platform, {}),
-        tensors=_step_tensors(step, step.lowered),
+        tensors=_step_tensors(step, step.out_info),
         schema=SCHEMA,
         parts=TENSORS_ONLY,
     )
@@ -202,7 +201,7 @@ def extract_tensors_plan(step: LoweredStep) -> Plan:
 def plan_case(case: Case, tensors_only: bool = False) -> Plan:
     """The whole `dump` pipeline after validation: lower (and unless `tensors_only`, compile) and extract."""
     if tensors_only:
-        return extract_tensors_plan(lower_case(case))
+        return extract_tensors_plan(trace_case(case))
     step = compile_case(case)
     return extract_plan(step, step.compiled.as_text())
 
@@ -215,7 +214,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
     """
     sizes = {str(axis): int(size) for axis, size in mesh.shape.items()}
     tensors = _input_tensors(compiled, sizes)
-    tensors.update(_output_tensors(compiled, sizes, {}, train_step=False))
+    tensors.update(_output_tensors(compiled.out_info, sizes, {}, train_step=False))
     explicit = is_explicit(mesh)
     devices = mesh.devices.flat[0]
     return Plan(
