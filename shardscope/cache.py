@@ -28,7 +28,10 @@ from shardscope.plan import SCHEMA
 # The directories whose sources make a plan: shardscope itself and the reference models.
 _PACKAGE_ROOT = Path(__file__).resolve().parent
 SOURCE_ROOTS = (_PACKAGE_ROOT, _PACKAGE_ROOT.parent / "reference_models")
-SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".j2", ".css")
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml")
+# Modules that present, compare or guard plans but never make one: editing them keeps the cache valid.
+PRESENTATION = ("report", "commands", "cli.py", "diff.py", "compare.py", "tables.py", "check.py", "golden.py")
+PRESENTATION += ("pytest_plugin.py", "summary.py")
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "libtpu", "numpy", "ml_dtypes")
 
 
@@ -48,7 +51,13 @@ def source_digest(roots: tuple[Path, ...] = SOURCE_ROOTS) -> str:
     for root in roots:
         if not root.is_dir():
             continue
-        files = sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts)
+        files = sorted(
+            p
+            for p in root.rglob("*")
+            if p.suffix in SOURCE_SUFFIXES
+            and "__pycache__" not in p.parts
+            and p.relative_to(root).parts[0] not in PRESENTATION
+        )
         for path in files:
             digest.update(str(path.relative_to(root.parent)).encode())
             digest.update(b"\0")

@@ -22,14 +22,15 @@ MeshOption = Annotated[
     str | None, typer.Option("--mesh", help="Mesh axis sizes, e.g. fsdp=4,expert=2 (-1 fills the remaining devices).")
 ]
 PresetOption = Annotated[str, typer.Option("--preset", "-p", help="Built-in preset name or path to a preset YAML.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of tables.")]
 
 
-def _fail(err: ShardscopeError) -> NoReturn:
+def fail(err: ShardscopeError) -> NoReturn:
     typer.echo(f"shardscope: error: {err}", err=True)
     raise typer.Exit(2)
 
 
-def _console():
+def make_console():
     from rich.console import Console
 
     # The terminal's own width; tables fold long cells to fit it. Piped output (no terminal to measure) is
@@ -55,7 +56,7 @@ def list_command() -> None:
     from reference_models import MODELS
     from shardscope.presets import builtin_preset_names, get_preset
 
-    console = _console()
+    console = make_console()
     models = Table(title="Models", title_justify="left", show_edge=False)
     for column in ("name", "family", "layers", "experts (top-k)", "embed", "seq"):
         models.add_column(column)
@@ -119,27 +120,16 @@ def dump_command(
             from shardscope.atomic import check_writable
 
             check_writable(output, "-o")
+        from shardscope.api import plan_resolved_case
         from shardscope.atomic import write_atomic
-        from shardscope.cache import case_key, load_plan_text, store
-        from shardscope.plan import plan_from_json, plan_to_json
+        from shardscope.plan import plan_to_json
         from shardscope.report.terminal import plan_summary
 
-        key = None if no_cache else case_key(case, tensors_only)
-        cached = load_plan_text(key) if key is not None else None
-        if cached is not None:
-            plan = plan_from_json(cached, "cached plan")
-        else:
-            _quiet_compiler_logs()
-            from shardscope.extract import plan_case
-            from shardscope.topology import configure_devices
-
-            configure_devices(case.topology)
-            plan = plan_case(case, tensors_only=tensors_only)
-            if key is not None:
-                store(key, plan_to_json(plan))
+        _quiet_compiler_logs()
+        plan = plan_resolved_case(case, tensors_only, use_cache=not no_cache)
     except ShardscopeError as err:
-        _fail(err)
-    console = _console()
+        fail(err)
+    console = make_console()
     console.print(plan_summary(plan))
     from shardscope.presets import absent_rule_axes
 
@@ -170,13 +160,13 @@ def explain_command(
         resolved = get_preset(preset)
         explanation = explain_axes(resolved, axes, parse_mesh_arg(mesh or ""))
     except ShardscopeError as err:
-        _fail(err)
+        fail(err)
     if as_json:
         typer.echo(json.dumps(explanation.to_json(), indent=2, sort_keys=True))
         return
     from shardscope.report.terminal import explain_renderable
 
-    _console().print(
+    make_console().print(
         explain_renderable(explanation.logical, explanation.decisions, resolved.logical_axis_rules, explanation.notes)
     )
 
@@ -208,7 +198,7 @@ def collectives_command(
         except HloParseError as err:
             raise ShardscopeError(f"{hlo_file}: {err}") from None
     except ShardscopeError as err:
-        _fail(err)
+        fail(err)
     from shardscope.collectives import collective_rows
 
     rows = collective_rows(parsed)
@@ -221,7 +211,7 @@ def collectives_command(
         return
     from shardscope.report.terminal import collectives_table, traffic_tables
 
-    console = _console()
+    console = make_console()
     console.print(collectives_table(rows), "", traffic_tables(rows))
     for unknown in parsed.unknown:
         console.print(f"[yellow]not understood:[/] {unknown.op} (line {unknown.line})")
@@ -268,8 +258,8 @@ def diff_command(
                 check_writable(report, "report")
         diff = diff_plans(load_plan(old), load_plan(new))
     except ShardscopeError as err:
-        _fail(err)
-    _console().print(diff_renderable(diff))
+        fail(err)
+    make_console().print(diff_renderable(diff))
     _write_reports([diff], html, markdown)
     raise typer.Exit(0 if diff.same else 1)
 
@@ -278,7 +268,7 @@ def _run_with_progress(run, cases, label: str):
     """Runs `run(tick)`, showing "label i/N elapsed" on a terminal; quiet when output is not a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = _console()
+    console = make_console()
     if not console.is_terminal:
         return run(lambda result: None)
     columns = (
@@ -324,8 +314,8 @@ def check_command(
             lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick, not no_cache), cases, "checking"
         )
     except ShardscopeError as err:
-        _fail(err)
-    console = _console()
+        fail(err)
+    console = make_console()
     for outcome in outcomes:
         if outcome.status == "changed" and outcome.diff is not None:
             console.print(f"[bold]{outcome.case_id}[/] changed:")
@@ -373,8 +363,8 @@ def update_command(
             lambda tick: update_goldens(golden, chosen, jobs or default_jobs(), tick, not no_cache), chosen, "updating"
         )
     except ShardscopeError as err:
-        _fail(err)
-    console = _console()
+        fail(err)
+    console = make_console()
     console.print(_outcome_table(outcomes))
     for orphan in orphan_goldens(golden, all_cases):
         console.print(f"[yellow]orphaned golden (no case owns it):[/] {orphan}")
@@ -420,6 +410,10 @@ def main() -> None:
         raise SystemExit(130) from None
     raise SystemExit(code if isinstance(code, int) else 0)
 
+
+# The commands defined in their own modules register themselves on `app` when imported.
+from shardscope.commands import compare as _compare  # noqa: E402,F401
+from shardscope.commands import table as _table  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

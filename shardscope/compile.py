@@ -22,7 +22,7 @@ from reference_models.config import DecoderConfig
 from reference_models.decoder import Transformer, next_token_loss
 from reference_models.sharding import ActivationRecord, PipelineSettings, ShardingContext, sharding_context
 from shardscope.case import Case, compiler_options_for
-from shardscope.errors import ShardingError
+from shardscope.errors import CompileError, ShardingError
 from shardscope.rules import Spec, drop_unit_axes, indivisible_dims, resolve_logical
 from shardscope.topology import build_mesh
 
@@ -257,5 +257,16 @@ def compile_case(case: Case) -> CompiledStep:
     """
     step = lower_case(case)
     options = compiler_options_for(case)
-    compiled = step.lowered.compile(compiler_options=options)
+    try:
+        compiled = step.lowered.compile(compiler_options=options)
+    except jax.errors.JaxRuntimeError as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "RESOURCE_EXHAUSTED" not in message:
+            raise
+        # The TPU compiler refuses a program whose buffers exceed a device's memory.
+        raise CompileError(
+            f"{case.model_name} on {case.topology.name}: the compiler cannot fit the step in device memory "
+            f"({message.removeprefix('RESOURCE_EXHAUSTED: ')}); lower --set model.per_device_batch=…, use more "
+            "devices, or plan shardings alone with --tensors-only"
+        ) from None
     return CompiledStep(case, step.mesh, step.abstract, step.lowered, compiled, step.activations, options)

@@ -116,6 +116,18 @@ class PlanDiff:
         """The changes of the given kinds, in diff order."""
         return tuple(c for c in self.changes if c.kind in kinds)
 
+    def tensor_changes_frame(self) -> Any:
+        """The tensor changes as a pandas DataFrame (see `shardscope.tables.tensor_changes_frame`)."""
+        from shardscope.tables import tensor_changes_frame
+
+        return tensor_changes_frame(self)
+
+    def collective_changes_frame(self) -> Any:
+        """The collective changes as a pandas DataFrame (see `shardscope.tables.collective_changes_frame`)."""
+        from shardscope.tables import collective_changes_frame
+
+        return collective_changes_frame(self)
+
 
 def spec_axes(entry: SpecEntry) -> tuple[str, ...]:
     """The mesh axes of one spec entry: None → (), "fsdp" → ("fsdp",)."""

@@ -94,6 +94,18 @@ class Plan:
         """Whether the plan holds `part` ("collectives" and "memory" need a compile)."""
         return part in self.parts
 
+    def tensors_frame(self) -> Any:
+        """Every tensor as a pandas DataFrame row (see `shardscope.tables.tensors_frame`)."""
+        from shardscope.tables import tensors_frame
+
+        return tensors_frame(self)
+
+    def collectives_frame(self) -> Any:
+        """Every collective row as a pandas DataFrame row (see `shardscope.tables.collectives_frame`)."""
+        from shardscope.tables import collectives_frame
+
+        return collectives_frame(self)
+
 
 def _spec_to_json(spec: Spec) -> list[Any]:
     return [list(entry) if isinstance(entry, tuple) else entry for entry in spec]

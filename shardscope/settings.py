@@ -54,6 +54,12 @@ def _dtype(text: str) -> str:
     return DTYPES[text.lower()]
 
 
+def _remat(text: str) -> str:
+    if text not in ("full", "none"):
+        raise ValueError("expected full (recompute each layer in the backward pass, MaxText's default) or none")
+    return text
+
+
 MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "seq_len": lambda text: _whole(text, 1, "a positive integer (tokens per sequence)"),
     "global_batch": lambda text: _whole(text, 0, "a whole number of sequences (0: per_device_batch × devices)"),
@@ -62,6 +68,7 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "num_layers": lambda text: _whole(text, 1, "a positive integer"),
     "first_dense_layers": lambda text: _whole(text, 0, "a whole number of layers"),
     "dtype": _dtype,
+    "remat": _remat,
 }
 MODEL_SETTABLE = tuple(MODEL_FIELDS)
 

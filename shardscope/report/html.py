@@ -54,7 +54,7 @@ ROW_CLASS = {"collective_removed": "del", "collective_added": "add", "collective
 
 
 @cache
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
     # autoescape=True for every template (not only *.html): the CSS partial holds no values, and a name
     # rendered anywhere else must never become markup.
     return jinja2.Environment(
@@ -265,7 +265,7 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
 
 def render_html(diff: PlanDiff) -> str:
     """The diff as one self-contained HTML document (inline CSS, no scripts, no external resources)."""
-    return _environment().get_template("diff.html.j2").render(view_model(diff))
+    return environment().get_template("diff.html.j2").render(view_model(diff))
 
 
 def write_html(diff: PlanDiff, path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
@@ -156,3 +157,35 @@ def explain_renderable(
 def _rule_text(rule: Rule) -> str:
     logical, axes = rule
     return f"[{logical}, {list(axes)}]"
+
+
+# Columns of pandas tables that hold bytes or fractions, shown as "1.5 MiB" and "25%".
+_BYTE_COLUMNS = frozenset(
+    ("traffic", "bytes", "bytes_per_device", "bytes_before", "bytes_after", "traffic_before", "traffic_after")
+)
+
+
+def frame_table(frame: Any, title: str = "") -> FitToWidth:
+    """A pandas DataFrame as a terminal table: bytes in human units, shares as percentages, paths folded."""
+
+    def cell(column: str, value: Any) -> str:
+        if value is None or (isinstance(value, float) and value != value):
+            return "-"
+        if column in _BYTE_COLUMNS:
+            return human_bytes(int(value))
+        if column == "share":
+            return f"{100 * float(value):.0f}%"
+        if isinstance(value, tuple):
+            return "(" + ", ".join("-" if v is None else str(v) for v in value) + ")"
+        return str(value)
+
+    def build(width: int) -> Table:
+        table = Table(title=title or None, title_justify="left", show_edge=False)
+        for column in frame.columns:
+            numeric = column in _BYTE_COLUMNS or column in ("share", "rows", "count", "loop_trips")
+            table.add_column(str(column), justify="right" if numeric else "left", overflow="fold")
+        for record in frame.itertuples(index=False):
+            table.add_row(*(cell(str(c), v) for c, v in zip(frame.columns, record, strict=True)))
+        return table
+
+    return FitToWidth(build)
