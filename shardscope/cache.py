@@ -30,8 +30,9 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent
 SOURCE_ROOTS = (_PACKAGE_ROOT, _PACKAGE_ROOT.parent / "reference_models")
 SOURCE_SUFFIXES = (".py", ".yaml", ".yml")
 # Modules that present, compare or guard plans but never make one: editing them keeps the cache valid.
-PRESENTATION = ("report", "commands", "cli.py", "diff.py", "compare.py", "tables.py", "check.py", "golden.py")
-PRESENTATION += ("pytest_plugin.py", "summary.py")
+PRESENTATION = frozenset(
+    ("report", "commands", "cli.py", "diff.py", "compare.py", "tables.py", "check.py", "golden.py", "summary.py")
+) | {"pytest_plugin.py", "api.py", "maxtext.py"}
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "libtpu", "numpy", "ml_dtypes")
 
 

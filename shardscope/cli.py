@@ -23,6 +23,25 @@ MeshOption = Annotated[
 ]
 PresetOption = Annotated[str, typer.Option("--preset", "-p", help="Built-in preset name or path to a preset YAML.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of tables.")]
+OutputOption = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the plan JSON here (- for standard output).")
+]
+
+
+def write_output(plan, output: Path | None) -> bool:
+    """Writes a plan's JSON to `output` (atomically); True when that was standard output, which then carries
+    nothing else."""
+    from shardscope.plan import plan_to_json
+
+    if output is None:
+        return False
+    if str(output) == "-":
+        typer.echo(plan_to_json(plan), nl=False)
+        return True
+    from shardscope.atomic import write_atomic
+
+    write_atomic(output, plan_to_json(plan))
+    return False
 
 
 def fail(err: ShardscopeError) -> NoReturn:
@@ -102,7 +121,11 @@ def dump_command(
         list[str] | None,
         typer.Option("--set", help="Override a setting: moe=ring, pipeline.microbatches=4, model.seq_len=64."),
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the plan JSON here.")] = None,
+    output: OutputOption = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Also write tensors.csv and collectives.csv into this directory.")
+    ] = None,
+    as_json: JsonOption = False,
     tensors_only: Annotated[
         bool,
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
@@ -116,19 +139,31 @@ def dump_command(
     try:
         topology = with_slices(topology, slices)
         case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
-        if output is not None:
-            from shardscope.atomic import check_writable
+        from shardscope.atomic import check_writable
 
+        if output is not None and str(output) != "-":
             check_writable(output, "-o")
+        if csv is not None:
+            check_writable(csv / "tensors.csv", "--csv")
         from shardscope.api import plan_resolved_case
-        from shardscope.atomic import write_atomic
-        from shardscope.plan import plan_to_json
         from shardscope.report.terminal import plan_summary
 
         _quiet_compiler_logs()
         plan = plan_resolved_case(case, tensors_only, use_cache=not no_cache)
     except ShardscopeError as err:
         fail(err)
+    if csv is not None:
+        from shardscope.atomic import write_atomic
+
+        write_atomic(csv / "tensors.csv", plan.tensors_frame().to_csv(index=False))
+        write_atomic(csv / "collectives.csv", plan.collectives_frame().to_csv(index=False))
+    if write_output(plan, output):
+        return
+    if as_json:
+        from shardscope.plan import plan_to_json
+
+        typer.echo(plan_to_json(plan), nl=False)
+        return
     console = make_console()
     console.print(plan_summary(plan))
     from shardscope.presets import absent_rule_axes
@@ -139,9 +174,9 @@ def dump_command(
             f"note: the rules name mesh axes that mesh_axes lacks ({', '.join(absent)}): size 1, as MaxText "
             "treats them, so they shard nothing"
         )
-    if output is not None:
-        write_atomic(output, plan_to_json(plan))
-        console.print(f"plan written to {output}")
+    for label, path in (("plan", output), ("tables", csv)):
+        if path is not None:
+            console.print(f"{label} written to {path}")
 
 
 @app.command("explain")
@@ -413,6 +448,7 @@ def main() -> None:
 
 # The commands defined in their own modules register themselves on `app` when imported.
 from shardscope.commands import compare as _compare  # noqa: E402,F401
+from shardscope.commands import maxtext as _maxtext  # noqa: E402,F401
 from shardscope.commands import table as _table  # noqa: E402,F401
 
 if __name__ == "__main__":

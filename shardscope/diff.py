@@ -459,3 +459,44 @@ def group_tensor_changes(changes: Iterable[Change]) -> tuple[TensorGroup, ...]:
                 break
     folded = {path for paths in mirrors.values() for path in paths}
     return tuple(TensorGroup(c, tuple(mirrors.get(c.subject, ()))) for c in tensor_changes if c.subject not in folded)
+
+
+def diff_to_json(diff: PlanDiff) -> dict[str, Any]:
+    """A diff as plain JSON data: the verdict, the notes, every change (with its per-dimension and per-field
+    details) and the traffic totals before and after."""
+
+    def detail(d: Detail) -> dict[str, Any]:
+        if isinstance(d, DimChange):
+            return {
+                "dim": d.dim,
+                "logical": d.logical,
+                "before": _jsonable(d.before),
+                "after": _jsonable(d.after),
+                "axes_added": list(d.axes_added),
+                "axes_dropped": list(d.axes_dropped),
+            }
+        return {"field": d.field, "before": _jsonable(d.before), "after": _jsonable(d.after)}
+
+    def totals(t: TrafficTotals) -> dict[str, Any]:
+        return {"total": t.total, "by_axes": dict(t.by_axes), "by_op": dict(t.by_op), "by_pass": dict(t.by_pass)}
+
+    return {
+        "same": diff.same,
+        "old": case_dict(diff.old_case),
+        "new": case_dict(diff.new_case),
+        "notes": list(diff.notes),
+        "changes": [
+            {
+                "kind": c.kind,
+                "subject": c.subject,
+                "before": _jsonable(c.before),
+                "after": _jsonable(c.after),
+                "details": [detail(d) for d in c.details],
+            }
+            for c in diff.changes
+        ],
+        "traffic_before": totals(diff.totals_before),
+        "traffic_after": totals(diff.totals_after),
+        "unchanged_tensors": len(diff.unchanged_tensors),
+        "unchanged_collectives": len(diff.unchanged_collectives),
+    }

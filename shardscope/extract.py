@@ -3,19 +3,17 @@ collectives (from the compiled HLO) and memory (from the compiler's memory analy
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from reference_models.sharding import ActivationRecord, is_explicit
 from shardscope.case import Case
 from shardscope.collectives import extract_collectives
 from shardscope.compile import CompiledStep, TracedStep, compile_case, path_of, trace_case
-from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord
-from shardscope.rules import Spec, normalize_entry, shard_shape
+from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord, tensor_record
+from shardscope.rules import Spec, normalize_entry
 from shardscope.topology import DCN_AXIS
 from shardscope.tpu import libtpu_version
 
@@ -24,23 +22,6 @@ def normalize_spec(spec: Any, ndim: int) -> Spec:
     """A PartitionSpec as the plan's tuple: one entry per dimension, None / "axis" / ("a", "b")."""
     entries = tuple(normalize_entry(e) for e in tuple(spec))
     return entries + (None,) * (ndim - len(entries))
-
-
-def tensor_record(
-    kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
-) -> TensorRecord:
-    """A tensor's record, with its per-device shard shape and bytes."""
-    local = shard_shape(shape, spec, mesh)
-    itemsize = np.dtype(dtype).itemsize
-    return TensorRecord(
-        kind=kind,
-        shape=tuple(int(d) for d in shape),
-        dtype=str(np.dtype(dtype)),
-        logical=tuple(logical) if logical is not None else None,
-        spec=spec,
-        shard_shape=local,
-        bytes_per_device=math.prod(local) * itemsize,
-    )
 
 
 def _state_tensors(step: CompiledStep | TracedStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:

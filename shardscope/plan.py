@@ -7,12 +7,14 @@ No JAX objects live here. `plan_to_json` is canonical (sorted keys, indent 2, tr
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shardscope.errors import PlanError
-from shardscope.rules import Spec, SpecEntry
+from shardscope.rules import Spec, SpecEntry, shard_shape
 
 SCHEMA = "shardscope.plan/1"
 SCHEMA_FAMILY = "shardscope.plan/"
@@ -105,6 +107,25 @@ class Plan:
         from shardscope.tables import collectives_frame
 
         return collectives_frame(self)
+
+
+def tensor_record(
+    kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
+) -> TensorRecord:
+    """A tensor's record, with its per-device shard shape and bytes (ceil division: XLA pads uneven shards)."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
+    import numpy as np
+
+    local = shard_shape(shape, spec, mesh)
+    return TensorRecord(
+        kind=kind,
+        shape=tuple(int(d) for d in shape),
+        dtype=str(np.dtype(dtype)),
+        logical=tuple(logical) if logical is not None else None,
+        spec=spec,
+        shard_shape=local,
+        bytes_per_device=math.prod(local) * np.dtype(dtype).itemsize,
+    )
 
 
 def _spec_to_json(spec: Spec) -> list[Any]:

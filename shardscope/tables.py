@@ -77,6 +77,7 @@ def collectives_frame(
     columns = ["op", "axes", "pass", "source", "dtype", "shape", "bytes", "count", "loop_trips", "traffic"]
     frame = pd.DataFrame(data, columns=[*columns, "moves_data"])
     frame["traffic"] = frame["traffic"].astype("float64")
+    frame["moves_data"] = frame["moves_data"].astype(bool)  # an empty object column would select columns
     if times is not None:
         frame["time_s"] = pd.Series(list(times), dtype="float64")
     return frame
