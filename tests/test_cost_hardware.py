@@ -103,3 +103,12 @@ def test_every_figure_in_the_file_has_a_source_nearby():
 )
 def test_wraparound_rules_as_published(name, shape, wraps):
     assert load_hardware(name).wraps(shape) == wraps
+
+
+def test_the_cost_package_imports_no_jax():
+    import subprocess
+    import sys
+
+    code = "import sys, shardscope.cost; print(any(m == 'jax' or m.startswith('jax.') for m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
