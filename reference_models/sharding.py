@@ -16,6 +16,8 @@ import jax
 
 # Maps a logical-axes tuple to a PartitionSpec (the preset's rules, resolved).
 Resolver = Callable[[Sequence[str | None]], jax.sharding.PartitionSpec]
+# Checks (path, shape, spec) before a constraint: raises, or returns the spec to use (None: keep it).
+Validator = Callable[[str, tuple[int, ...], jax.sharding.PartitionSpec], jax.sharding.PartitionSpec | None]
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,13 @@ class ShardingContext:
     moe_strategy: str = "all_to_all"
     # Set when the main layer stack runs as a pipeline over a stage axis of more than one device.
     pipeline: PipelineSettings | None = None
-    # Called with (path, shape, spec) before constraining; raises if the spec cannot shard the shape.
-    validate: Callable[[str, tuple[int, ...], jax.sharding.PartitionSpec], None] | None = None
+    # Called with (path, shape, spec) before constraining; raises if the spec cannot shard the shape, or
+    # returns the spec to use instead (None: the spec as it is).
+    validate: Validator | None = None
     records: list[ActivationRecord] = field(default_factory=list)
+    # Every logical-axes tuple the trace resolved, recorded or not (the MoE resolves the spec it places its
+    # expert weights on without recording a logical name): filled by a resolver that records what it is asked.
+    resolved: set[tuple[str | None, ...]] = field(default_factory=set)
 
     @property
     def explicit(self) -> bool:
@@ -163,7 +169,7 @@ def _record_and_place(
 ) -> jax.Array:
     path = "/".join((*_PREFIX.get(), *module_path, name))
     if context.validate is not None:
-        context.validate(path, tuple(x.shape), spec)
+        spec = context.validate(path, tuple(x.shape), spec) or spec
     record = ActivationRecord(path=path, logical=logical, shape=tuple(x.shape), dtype=str(x.dtype), spec=spec)
     context.records.append(record)
     return place(context, x, spec)

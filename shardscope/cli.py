@@ -61,9 +61,11 @@ def make_console():
 
 
 def _quiet_compiler_logs() -> None:
-    # XLA's C++ warnings (e.g. about rematerialisation) go straight to stderr; users who want them can set
-    # TF_CPP_MIN_LOG_LEVEL=0 themselves.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # XLA's C++ warnings (e.g. about rematerialisation) go straight to stderr: they are captured while
+    # compiling (lints read them) and shown only to users who set TF_CPP_MIN_LOG_LEVEL themselves.
+    from shardscope.compiler_log import prepare_compiler_log
+
+    prepare_compiler_log()
 
 
 @app.command("list")
@@ -448,8 +450,13 @@ def main() -> None:
 
 # The commands defined in their own modules register themselves on `app` when imported.
 from shardscope.commands import compare as _compare  # noqa: E402,F401
+from shardscope.commands import lint as _lint  # noqa: E402,F401
 from shardscope.commands import maxtext as _maxtext  # noqa: E402,F401
 from shardscope.commands import table as _table  # noqa: E402,F401
 
 if __name__ == "__main__":
-    main()
+    # Run as `python -m shardscope.cli`: the command modules registered themselves on the app of the module
+    # they imported (`shardscope.cli`), which is not this `__main__` copy.
+    from shardscope.cli import main as _main
+
+    _main()

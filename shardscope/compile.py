@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import flax.linen as nn
@@ -22,12 +22,15 @@ from reference_models.config import DecoderConfig
 from reference_models.decoder import Transformer, next_token_loss
 from reference_models.sharding import ActivationRecord, PipelineSettings, ShardingContext, sharding_context
 from shardscope.case import Case, compiler_options_for
-from shardscope.errors import CompileError, ShardingError
-from shardscope.rules import Spec, drop_unit_axes, indivisible_dims, resolve_logical
+from shardscope.compiler_log import capture_compiler_log
+from shardscope.errors import MemoryExhaustedError, ShardingError
+from shardscope.rules import Indivisible, Spec, drop_unit_axes, indivisible_dims, resolve_logical
 from shardscope.topology import build_mesh
 
 # A pytree path joined with "/" (e.g. "params/decoder/layers/moe/wi_0").
 TensorPath = str
+# A logical-axes tuple, one name (or None) per dimension.
+LogicalAxes = tuple[str | None, ...]
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class LoweredStep:
     abstract: AbstractState
     lowered: Any
     activations: tuple[ActivationRecord, ...]
+    resolved: frozenset[LogicalAxes] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class TracedStep:
     abstract: AbstractState
     activations: tuple[ActivationRecord, ...]
     out_info: Any  # (state, {"loss": …}) of ShapeDtypeStruct with the step's out_shardings
+    resolved: frozenset[LogicalAxes] = frozenset()  # every logical-axes tuple the forward pass resolved
+    indivisible: tuple[Indivisible, ...] = ()  # only from a lenient trace
+    stopped: str | None = None  # a lenient trace the model could not finish: why (its records are partial)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,9 @@ class CompiledStep:
     compiled: Any
     activations: tuple[ActivationRecord, ...]
     compiler_options: dict[str, Any]
+    resolved: frozenset[LogicalAxes] = frozenset()
+    compiler_log: str = ""  # what the compiler wrote to stderr while compiling (its warnings)
+    compiler_log_visible: bool = field(default=True)  # whether its warnings could reach stderr at all
 
 
 def path_of(key_path: Sequence[Any]) -> TensorPath:
@@ -88,14 +98,23 @@ def make_optimizer() -> optax.GradientTransformation:
     return optax.adamw(learning_rate=optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1)
 
 
-def _check_divisible(path: str, shape: Sequence[int], spec: Spec, case: Case) -> None:
+def _check_divisible(
+    path: str, shape: Sequence[int], spec: Spec, case: Case, found: list[Indivisible] | None = None
+) -> Spec:
+    """`spec` if its mesh axes divide `shape`; else raises, or (lenient, `found` given) records the tensor
+    and returns the spec with those dimensions replicated."""
     bad = indivisible_dims(shape, spec, case.mesh_sizes)
-    if bad:
-        dim, size, axes, ways = bad[0]
-        raise ShardingError(
-            f"{path}: dimension {dim} has size {size}, which mesh axes {'×'.join(axes)} (= {ways} shards) do not "
-            f"divide; change the mesh (--mesh) or the rule for this dimension (try `shardscope explain`)"
-        )
+    if not bad:
+        return spec
+    if found is not None:
+        found.append(Indivisible(path, tuple(int(d) for d in shape), spec, tuple(bad)))
+        dims = {dim for dim, *_ in bad}
+        return tuple(None if index in dims else entry for index, entry in enumerate(spec))
+    dim, size, axes, ways = bad[0]
+    raise ShardingError(
+        f"{path}: dimension {dim} has size {size}, which mesh axes {'×'.join(axes)} (= {ways} shards) do not "
+        f"divide; change the mesh (--mesh) or the rule for this dimension (try `shardscope explain`)"
+    )
 
 
 def physical_spec(case: Case, logical: Sequence[str | None]) -> Spec:
@@ -103,8 +122,9 @@ def physical_spec(case: Case, logical: Sequence[str | None]) -> Spec:
     return drop_unit_axes(resolve_logical(logical, case.preset.logical_axis_rules), case.mesh_sizes)
 
 
-def _resolver(case: Case):
+def _resolver(case: Case, resolved: set[LogicalAxes]):
     def resolve(logical: Sequence[str | None]) -> PartitionSpec:
+        resolved.add(tuple(logical))
         return PartitionSpec(*physical_spec(case, logical))
 
     return resolve
@@ -126,8 +146,12 @@ def _abstract_train_state(model_config: DecoderConfig, batch_shape: tuple[int, i
     return nn.unbox(boxed_state), nn.get_partition_spec(boxed_state)
 
 
-def abstract_state(case: Case, mesh: jax.sharding.Mesh) -> AbstractState:
-    """Abstract params + AdamW state + batch, with shardings resolved from the preset's rules."""
+def abstract_state(case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible] | None = None) -> AbstractState:
+    """Abstract params + AdamW state + batch, with shardings resolved from the preset's rules.
+
+    With `found`, a tensor its mesh axes do not divide is recorded there and placed with those dimensions
+    replicated, instead of raising ShardingError.
+    """
     batch_shape = (case.global_batch, case.model.seq_len)
     state, logical_specs = _abstract_train_state(case.model, batch_shape)
     logical: dict[TensorPath, tuple[str | None, ...]] = {}
@@ -139,14 +163,13 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh) -> AbstractState:
             logical[path] = names
         spec = physical_spec(case, names) if names else ()
         spec = spec + (None,) * (len(leaf.shape) - len(spec))
-        _check_divisible(path, leaf.shape, spec, case)
+        spec = _check_divisible(path, leaf.shape, spec, case, found)
         return NamedSharding(mesh, PartitionSpec(*spec))
 
     state_shardings = jax.tree_util.tree_map_with_path(
         sharding_for, state, logical_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
     )
-    batch_spec = input_spec(case)
-    _check_divisible("inputs/tokens", batch_shape, tuple(batch_spec), case)
+    batch_spec = PartitionSpec(*_check_divisible("inputs/tokens", batch_shape, tuple(input_spec(case)), case, found))
     batch_shardings = {name: NamedSharding(mesh, batch_spec) for name in ("tokens", "targets")}
     # The shardings ride on the abstract values too: with Explicit axes they are the arrays' types.
     placed = jax.tree.map(
@@ -181,18 +204,25 @@ def make_train_step(case: Case):
     return train_step
 
 
-def sharding_context_for(case: Case, mesh: jax.sharding.Mesh) -> ShardingContext:
-    """The context the models trace under: this case's mesh, rules and divisibility checks."""
+def sharding_context_for(
+    case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible] | None = None
+) -> ShardingContext:
+    """The context the models trace under: this case's mesh, rules and divisibility checks (lenient with
+    `found`, as in `abstract_state`). It records every logical-axes tuple the model resolves."""
 
-    def validate(path: str, shape: Sequence[int], spec: PartitionSpec) -> None:
-        _check_divisible(f"activations/{path}", shape, tuple(spec), case)
+    def validate(path: str, shape: Sequence[int], spec: PartitionSpec) -> PartitionSpec | None:
+        entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+        placed = _check_divisible(f"activations/{path}", shape, entries, case, found)
+        return None if placed == entries else PartitionSpec(*placed)
 
+    resolved: set[LogicalAxes] = set()
     return ShardingContext(
         mesh=mesh,
-        resolve=_resolver(case),
+        resolve=_resolver(case, resolved),
         moe_strategy=case.preset.moe,
         pipeline=pipeline_settings(case),
         validate=validate,
+        resolved=resolved,
     )
 
 
@@ -204,25 +234,42 @@ def pipeline_settings(case: Case) -> PipelineSettings | None:
     return PipelineSettings(stage_axis=pipeline.stages_axis, microbatches=pipeline.microbatches)
 
 
-def trace_case(case: Case) -> TracedStep:
+def trace_case(case: Case, lenient: bool = False) -> TracedStep:
     """Every tensor's sharding without lowering or compiling: the forward pass traced under the case's rules.
 
     Parameters, optimizer state and inputs are placed by the rules before any trace; activations are
     recorded as the forward pass is traced (the backward pass places none of its own); the step's outputs
     are what it declares (its out_shardings, which the compiled program keeps).
 
+    Args:
+      case: the case.
+      lenient: record tensors whose mesh axes do not divide them (`TracedStep.indivisible`) and trace on
+        with those dimensions replicated, instead of raising (what `lint` needs to report them all). Where
+        the model itself cannot go on (a shard_map over an indivisible dimension), the trace stops there and
+        says so (`TracedStep.stopped`).
+
     Raises:
-      ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
+      ShardingError: a parameter, input or activation dimension its mesh axes do not divide (not lenient).
       MeshError: the mesh needs more devices than this process has.
     """
+    found: list[Indivisible] | None = [] if lenient else None
     mesh = build_mesh(case.topology, case.mesh, explicit=case.preset.shard_mode == "explicit")
-    abstract = abstract_state(case, mesh)
+    abstract = abstract_state(case, mesh, found)
     forward = jax.jit(make_loss(case), in_shardings=(abstract.state_shardings["params"], abstract.batch_shardings))
-    context = sharding_context_for(case, mesh)
+    context = sharding_context_for(case, mesh, found)
+    stopped = None
     with sharding_context(context), jax.set_mesh(mesh):
-        forward.trace(abstract.state["params"], abstract.batch)
+        try:
+            forward.trace(abstract.state["params"], abstract.batch)
+        except ValueError as err:
+            if not found:
+                raise
+            stopped = str(err).strip().splitlines()[0]
     loss = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
-    return TracedStep(case, mesh, abstract, tuple(context.records), (abstract.state, {"loss": loss}))
+    out_info = (abstract.state, {"loss": loss})
+    resolved = frozenset(context.resolved)
+    indivisible = tuple(found or ())
+    return TracedStep(case, mesh, abstract, tuple(context.records), out_info, resolved, indivisible, stopped)
 
 
 def lower_case(case: Case) -> LoweredStep:
@@ -245,7 +292,7 @@ def lower_case(case: Case) -> LoweredStep:
     # Explicit axes make shardings part of array types, which needs the mesh in context while tracing.
     with sharding_context(context), jax.set_mesh(mesh):
         lowered = step.lower(abstract.state, abstract.batch)
-    return LoweredStep(case, mesh, abstract, lowered, tuple(context.records))
+    return LoweredStep(case, mesh, abstract, lowered, tuple(context.records), frozenset(context.resolved))
 
 
 def compile_case(case: Case) -> CompiledStep:
@@ -258,15 +305,28 @@ def compile_case(case: Case) -> CompiledStep:
     step = lower_case(case)
     options = compiler_options_for(case)
     try:
-        compiled = step.lowered.compile(compiler_options=options)
+        # The compiler's warnings (involuntary rematerialisation, …) are read by lints.
+        with capture_compiler_log() as log:
+            compiled = step.lowered.compile(compiler_options=options)
     except jax.errors.JaxRuntimeError as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         if "RESOURCE_EXHAUSTED" not in message:
             raise
         # The TPU compiler refuses a program whose buffers exceed a device's memory.
-        raise CompileError(
+        raise MemoryExhaustedError(
             f"{case.model_name} on {case.topology.name}: the compiler cannot fit the step in device memory "
             f"({message.removeprefix('RESOURCE_EXHAUSTED: ')}); lower --set model.per_device_batch=…, use more "
             "devices, or plan shardings alone with --tensors-only"
         ) from None
-    return CompiledStep(case, step.mesh, step.abstract, step.lowered, compiled, step.activations, options)
+    return CompiledStep(
+        case,
+        step.mesh,
+        step.abstract,
+        step.lowered,
+        compiled,
+        step.activations,
+        options,
+        step.resolved,
+        log.text,
+        log.visible,
+    )

@@ -15,6 +15,8 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from shardscope.lint.catalogue import COMPILE, LINTS
+from shardscope.lint.finding import Finding, finding_to_json, sort_findings
 from shardscope.plan import PASSES, CaseRecord, CollectiveRow, Plan, TensorRecord
 from shardscope.rules import SpecEntry
 from shardscope.summary import TrafficTotals, axes_label, bytes_by_kind, traffic_totals
@@ -30,8 +32,10 @@ TOLERANT_MEMORY_FIELDS = ("temp_bytes",)
 
 TENSOR_KINDS = ("tensor_removed", "tensor_added", "tensor_changed", "spec_changed")
 COLLECTIVE_KINDS = ("collective_removed", "collective_added", "collective_changed")
+# Lint findings a change resolved, added, or changed the figures of (same lint, same subject).
+FINDING_KINDS = ("finding_resolved", "finding_added", "finding_changed")
 # Every kind of change, in report order; "extra_changed" covers unknown top-level plan fields.
-CHANGE_KINDS = ("case", "extra_changed", "memory_changed", *TENSOR_KINDS, *COLLECTIVE_KINDS)
+CHANGE_KINDS = ("case", "extra_changed", "memory_changed", *TENSOR_KINDS, *COLLECTIVE_KINDS, *FINDING_KINDS)
 
 # The identity of a collective row: (op, axes, groups, dtype, shape, pass, source, shift).
 CollectiveKey = tuple[str, tuple[str, ...] | None, str | None, str, tuple[int, ...], str, str, int | None]
@@ -106,6 +110,7 @@ class PlanDiff:
     # Shown to explain a diff (a new JAX version), never compared.
     provenance_before: tuple[tuple[str, Any], ...] = field(default=())
     provenance_after: tuple[tuple[str, Any], ...] = field(default=())
+    unchanged_findings: tuple[Finding, ...] = field(default=())  # lint findings both plans hold
 
     @property
     def same(self) -> bool:
@@ -316,6 +321,35 @@ def _diff_collectives(old: Plan, new: Plan) -> tuple[list[Change], tuple[Collect
     return changes, tuple(unchanged)
 
 
+def _diff_findings(old: Plan, new: Plan, compiled: bool) -> tuple[list[Change], tuple[Finding, ...]]:
+    """Findings resolved, added or changed (matched by lint and subject), and those both plans hold; with
+    `compiled` false (a plan holds tensors only) the findings of lints that need the compiled step are not
+    compared."""
+
+    def comparable(findings: tuple[Finding, ...]) -> dict[tuple[str, str], Finding]:
+        kept = [f for f in findings if compiled or f.lint not in LINTS or LINTS[f.lint].stage != COMPILE]
+        return {f.key: f for f in sort_findings(kept)}
+
+    before, after = comparable(old.findings), comparable(new.findings)
+    changes = []
+    unchanged = tuple(f for key, f in after.items() if before.get(key) == f)
+    for key in [*before, *(k for k in after if k not in before)]:
+        was, now = before.get(key), after.get(key)
+        if now is None and was is not None:
+            changes.append(Change("finding_resolved", f"{was.lint}: {was.subject}", finding_to_json(was), None))
+        elif was is None and now is not None:
+            changes.append(Change("finding_added", f"{now.lint}: {now.subject}", None, finding_to_json(now)))
+        elif was is not None and now is not None and was != now:
+            details = tuple(
+                FieldChange(name, getattr(was, name), getattr(now, name))
+                for name in ("severity", "subject", "message", "fix")
+                if getattr(was, name) != getattr(now, name)
+            )
+            subject = f"{now.lint}: {now.subject}"
+            changes.append(Change("finding_changed", subject, finding_to_json(was), finding_to_json(now), details))
+    return changes, unchanged
+
+
 def _readable_mesh(change: Change, old: Plan, new: Plan) -> Change:
     """A mesh change, shown by the axes that split devices (MaxText's default mesh has twelve axes)."""
     if change.subject != "mesh":
@@ -385,7 +419,7 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
 
     Returns:
       A PlanDiff whose changes are ordered case, extra, memory, tensors (by path), collectives (by
-      source, pass, op).
+      source, pass, op), lint findings (most severe first).
     """
     changes = [_readable_mesh(c, old, new) for c in _root_changes("case", case_dict(old.case), case_dict(new.case))]
     changes += _root_changes("extra_changed", dict(old.extra), dict(new.extra))
@@ -404,10 +438,11 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
     compare_collectives = "collectives" in shared
     collective_changes, unchanged_collectives = _diff_collectives(old, new) if compare_collectives else ([], ())
     kept_rows = (old.collectives, new.collectives) if compare_collectives else ((), ())
+    finding_changes, unchanged_findings = _diff_findings(old, new, compare_collectives)
     return PlanDiff(
         old_case=old.case,
         new_case=new.case,
-        changes=tuple(changes + memory_changes + tensor_changes + collective_changes),
+        changes=tuple(changes + memory_changes + tensor_changes + collective_changes + finding_changes),
         totals_before=traffic_totals(kept_rows[0]),
         totals_after=traffic_totals(kept_rows[1]),
         memory_before=old.memory if "memory" in shared else (),
@@ -420,6 +455,7 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
         notes=tuple(notes),
         provenance_before=old.provenance,
         provenance_after=new.provenance,
+        unchanged_findings=unchanged_findings,
     )
 
 
@@ -499,4 +535,5 @@ def diff_to_json(diff: PlanDiff) -> dict[str, Any]:
         "traffic_after": totals(diff.totals_after),
         "unchanged_tensors": len(diff.unchanged_tensors),
         "unchanged_collectives": len(diff.unchanged_collectives),
+        "unchanged_findings": len(diff.unchanged_findings),
     }

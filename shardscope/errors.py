@@ -30,6 +30,10 @@ class CompileError(ShardscopeError):
     """A case the compiler refuses for a reason the user can change (it does not fit in device memory)."""
 
 
+class MemoryExhaustedError(CompileError):
+    """The compiler cannot fit the step in device memory (a TPU compile of a case too large for its devices)."""
+
+
 class PlanError(ShardscopeError):
     """A plan or golden file that is corrupt or of a newer schema."""
 

@@ -12,6 +12,7 @@ from reference_models.sharding import ActivationRecord, is_explicit
 from shardscope.case import Case
 from shardscope.collectives import extract_collectives
 from shardscope.compile import CompiledStep, TracedStep, compile_case, path_of, trace_case
+from shardscope.lint.run import plan_findings, with_findings
 from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord, tensor_record
 from shardscope.rules import Spec, normalize_entry
 from shardscope.topology import DCN_AXIS
@@ -180,11 +181,16 @@ def extract_tensors_plan(step: TracedStep) -> Plan:
 
 
 def plan_case(case: Case, tensors_only: bool = False) -> Plan:
-    """The whole `dump` pipeline after validation: lower (and unless `tensors_only`, compile) and extract."""
+    """The whole `dump` pipeline after validation: lower (and unless `tensors_only`, compile), extract, and
+    lint (the plan's `findings`)."""
     if tensors_only:
-        return extract_tensors_plan(trace_case(case))
+        traced = trace_case(case)
+        plan = extract_tensors_plan(traced)
+        return with_findings(plan, plan_findings(case, plan, traced.resolved))
     step = compile_case(case)
-    return extract_plan(step, step.compiled.as_text())
+    plan = extract_plan(step, step.compiled.as_text())
+    log = step.compiler_log if step.compiler_log_visible else None
+    return with_findings(plan, plan_findings(case, plan, step.resolved, log))
 
 
 def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_text: str | None = None) -> Plan:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import PlanError
+from shardscope.lint.finding import Finding, finding_from_json, finding_to_json
 from shardscope.rules import Spec, SpecEntry, shard_shape
 
 SCHEMA = "shardscope.plan/1"
@@ -86,6 +87,9 @@ class Plan:
     schema: str = SCHEMA
     extra: tuple[tuple[str, Any], ...] = field(default=())  # unknown top-level keys, kept on round-trip
     parts: tuple[str, ...] = PARTS
+    # Lint findings on this case (`shardscope lint`); written only when there are some, so that a plan
+    # without findings reads and writes as before.
+    findings: tuple[Finding, ...] = ()
 
     @property
     def tensor_map(self) -> dict[str, TensorRecord]:
@@ -196,6 +200,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     )
     if plan.parts != PARTS:
         data["parts"] = list(plan.parts)
+    if plan.findings:
+        data["findings"] = [finding_to_json(finding) for finding in plan.findings]
     return data
 
 
@@ -282,12 +288,13 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         memory = tuple(sorted((str(k), int(v)) for k, v in _require(data, "memory", dict, source).items()))
         provenance = tuple(sorted(_require(data, "provenance", dict, source).items()))
         parts = tuple(str(part) for part in data.get("parts", PARTS))
+        findings = tuple(finding_from_json(entry) for entry in data.get("findings", []))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PlanError(f"{source}: corrupt plan ({type(err).__name__}: {err})") from None
     unknown_parts = [part for part in parts if part not in PARTS]
     if unknown_parts or "tensors" not in parts:
         raise PlanError(f"{source}: corrupt plan (parts {list(parts)}, expected some of {list(PARTS)} with tensors)")
-    known = {"schema", "case", "provenance", "tensors", "collectives", "memory", "parts"}
+    known = {"schema", "case", "provenance", "tensors", "collectives", "memory", "parts", "findings"}
     extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
     return Plan(
         case=case,
@@ -298,6 +305,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         schema=str(data["schema"]),
         extra=extra,
         parts=tuple(part for part in PARTS if part in parts),
+        findings=findings,
     )
 
 

@@ -35,8 +35,11 @@ MAXTEXT_KEYS = (
     "context_sharding",
     "input_data_sharding_logical_axes",
 )
-OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode")
+OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode", "lint")
 PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats")
+LINT_KEYS = ("ignore", "max_replicated_bytes")
+DEFAULT_MAX_REPLICATED_BYTES = 16 * 1024**2
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +49,17 @@ class PipelineSettings:
     stages_axis: str = "stage"
     microbatches: int = 1
     repeats: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LintSettings:
+    """What `lint` checks under this preset: lints silenced (wholly, or for subjects containing a text), and
+    thresholds."""
+
+    ignore: tuple[str, ...] = ()
+    # (lint id, text): that lint's findings whose subject contains the text are silenced.
+    ignore_subjects: tuple[tuple[str, str], ...] = ()
+    max_replicated_bytes: int = DEFAULT_MAX_REPLICATED_BYTES  # per device, for `large-replicated`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +81,7 @@ class Preset:
     moe: str = "all_to_all"
     pipeline: PipelineSettings | None = None
     shard_mode: str = "auto"
+    lint: LintSettings = LintSettings()
 
 
 def _fail(source: str, message: str) -> PresetError:
@@ -125,6 +140,87 @@ def _parse_pipeline(value: Any, source: str) -> PipelineSettings | None:
     return settings
 
 
+def parse_bytes(value: Any, where: str) -> int:
+    """A byte count: an integer, or a number with a unit ("16 MiB", "1GB").
+
+    Raises:
+      ShardscopeError: anything else, or a negative count.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgib")
+    unit = text[len(number) :]
+    try:
+        count = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        count = -1
+    if count < 0 or isinstance(value, bool):
+        raise ShardscopeError(f"{where}: expected a byte count such as 16777216 or '16 MiB', found {value!r}")
+    return int(count)
+
+
+def _check_lint_id(lint_id: str, source: str, where: str) -> None:
+    from shardscope.lint.catalogue import LINT_IDS
+
+    if lint_id not in LINT_IDS:
+        raise _fail(source, f"{where}: " + unknown_name("lint", lint_id, LINT_IDS).args[0])
+
+
+def _lint_ids(value: Any, source: str, where: str) -> tuple[str, ...]:
+    """Lint ids to silence (a list, or comma-separated), each checked against the lint catalogue."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(source, f"{where} must be a list of lint ids, found {value!r}")
+    for lint_id in value:
+        _check_lint_id(lint_id, source, where)
+    return tuple(dict.fromkeys(value))
+
+
+def _ignore_entries(value: Any, source: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """`lint.ignore`: lint ids, and {id: ..., subject: ...} entries that silence one lint's findings on the
+    subjects containing that text."""
+    if not isinstance(value, list):
+        raise _fail(source, f"lint.ignore must be a list of lint ids, found {value!r}")
+    ids: list[str] = []
+    subjects: list[tuple[str, str]] = []
+    for entry in value:
+        if isinstance(entry, str):
+            _check_lint_id(entry, source, "lint.ignore")
+            ids.append(entry)
+            continue
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"id", "subject"}
+            or not all(isinstance(v, str) and v for v in entry.values())
+        ):
+            raise _fail(
+                source,
+                f"lint.ignore entries are lint ids or {{id: ID, subject: TEXT}} (silences the findings of lint ID "
+                f"whose subject contains TEXT), found {entry!r}",
+            )
+        _check_lint_id(entry["id"], source, "lint.ignore")
+        subjects.append((entry["id"], entry["subject"]))
+    return tuple(dict.fromkeys(ids)), tuple(dict.fromkeys(subjects))
+
+
+def _parse_lint(value: Any, source: str) -> LintSettings:
+    if value is None:
+        return LintSettings()
+    if not isinstance(value, dict):
+        raise _fail(source, f"lint must be a mapping with keys {', '.join(LINT_KEYS)}, found {value!r}")
+    unknown = sorted(set(value) - set(LINT_KEYS))
+    if unknown:
+        raise _fail(source, "lint: " + unknown_name("key", str(unknown[0]), LINT_KEYS).args[0])
+    try:
+        limit = parse_bytes(value.get("max_replicated_bytes", DEFAULT_MAX_REPLICATED_BYTES), "max_replicated_bytes")
+    except ShardscopeError as err:
+        raise _fail(source, f"lint.{err}") from None
+    ids, subjects = _ignore_entries(value.get("ignore", []), source)
+    return LintSettings(ignore=ids, ignore_subjects=subjects, max_replicated_bytes=limit)
+
+
 def _choice(value: Any, allowed: tuple[str, ...], source: str, key: str) -> str:
     if value not in allowed:
         raise _fail(source, f"{key} must be one of {', '.join(allowed)}, found {value!r}")
@@ -180,6 +276,7 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
         moe=_choice(data.get("moe", "all_to_all"), MOE_STRATEGIES, source, "moe"),
         pipeline=_parse_pipeline(data.get("pipeline"), source),
         shard_mode=_choice(data.get("shard_mode", "auto"), SHARD_MODES, source, "shard_mode"),
+        lint=_parse_lint(data.get("lint"), source),
     )
     _check_axes_exist(preset, source)
     return preset
@@ -265,7 +362,13 @@ def get_preset(name_or_path: str) -> Preset:
     raise unknown_name("preset", name_or_path, builtin_preset_names())
 
 
-PRESET_SETTABLE = ("moe", "shard_mode", "context_sharding", *(f"pipeline.{k}" for k in PIPELINE_KEYS))
+PRESET_SETTABLE = (
+    "moe",
+    "shard_mode",
+    "context_sharding",
+    *(f"pipeline.{k}" for k in PIPELINE_KEYS),
+    *(f"lint.{k}" for k in LINT_KEYS),
+)
 
 
 def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Preset:
@@ -284,6 +387,15 @@ def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Pres
             current = preset.pipeline or PipelineSettings()
             typed: Any = value if field == "stages_axis" else _positive_int(key, value)
             preset = dataclasses.replace(preset, pipeline=dataclasses.replace(current, **{field: typed}))
+        elif key == "lint.ignore":
+            # Added to what the preset silences: `--set` widens a file's choice, it does not undo it.
+            ignore = _lint_ids(value, preset.name, f"--set {key}")
+            preset = dataclasses.replace(
+                preset, lint=dataclasses.replace(preset.lint, ignore=tuple(dict.fromkeys(preset.lint.ignore + ignore)))
+            )
+        elif key == "lint.max_replicated_bytes":
+            limit = parse_bytes(value, f"--set {key}={value}")
+            preset = dataclasses.replace(preset, lint=dataclasses.replace(preset.lint, max_replicated_bytes=limit))
         else:
             raise unknown_name("setting", key, PRESET_SETTABLE)
     _check_axes_exist(preset, preset.name)

@@ -26,6 +26,8 @@ class RuleSkip:
     rule_index: int
     mesh_axes: tuple[str, ...]
     reason: str
+    decided_by: int | None = None  # the earlier rule that had already decided the dimension
+    taken_axis: str | None = None  # the mesh axis another dimension had already taken
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,13 @@ def explain_logical(logical: Sequence[str | None], rules: Sequence[Rule]) -> tup
         pos = list(logical).index(rule_logical)
         if assigned[pos] is not None:
             reason = f"dimension already assigned by rule {deciding[pos]}"
-            skipped[pos].append(RuleSkip(index, rule_axes, reason))
+            skipped[pos].append(RuleSkip(index, rule_axes, reason, decided_by=deciding[pos]))
             continue
         used = {axis: dim for dim, axes in enumerate(assigned) if axes for axis in axes}
         clash = [axis for axis in rule_axes if axis in used]
         if clash:
             reason = f"mesh axis {clash[0]!r} already used by dimension {used[clash[0]]}"
-            skipped[pos].append(RuleSkip(index, rule_axes, reason))
+            skipped[pos].append(RuleSkip(index, rule_axes, reason, taken_axis=clash[0]))
             continue
         assigned[pos] = rule_axes
         deciding[pos] = index
@@ -137,6 +139,17 @@ def indivisible_dims(
         if size % ways:
             bad.append((dim, size, axes, ways))
     return bad
+
+
+@dataclass(frozen=True)
+class Indivisible:
+    """A tensor whose spec its mesh axes do not divide, found by a lenient trace (which replicates those
+    dimensions and goes on, so that every such tensor is found, not only the first)."""
+
+    path: str
+    shape: tuple[int, ...]
+    spec: Spec
+    dims: tuple[tuple[int, int, tuple[str, ...], int], ...]  # (dim, size, mesh axes, shards)
 
 
 def drop_unit_axes(spec: Spec, mesh_sizes: dict[str, int]) -> Spec:

@@ -35,7 +35,9 @@ def resolve_golden_case(case: GoldenCase) -> Case:
 
 
 def _start_worker(devices: int) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from shardscope.compiler_log import prepare_compiler_log
+
+    prepare_compiler_log()
     from shardscope.topology import configure_cpu_devices
     from shardscope.tpu import quiet_libtpu
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The tests' plan cache is their own, never the user's (~/.cache/shardscope).
 os.environ["SHARDSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardscope-test-cache-")
 
-import jax
-import pytest
+from shardscope.compiler_log import prepare_compiler_log
 
-from shardscope.presets import builtin_preset_names
+# Before JAX starts: the compiler logs its warnings (captured while compiling, for the lints), and shows none.
+prepare_compiler_log()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from shardscope.presets import builtin_preset_names  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)

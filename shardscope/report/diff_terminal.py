@@ -13,6 +13,7 @@ from rich.text import Text
 
 from shardscope.diff import (
     COLLECTIVE_KINDS,
+    FINDING_KINDS,
     TENSOR_KINDS,
     Change,
     PlanDiff,
@@ -200,6 +201,9 @@ def summary_counts(diff: PlanDiff) -> list[str]:
         "collective_removed": ("collective", "removed"),
         "collective_added": ("collective", "added"),
         "collective_changed": ("collective", "changed"),
+        "finding_added": ("lint finding", "added"),
+        "finding_resolved": ("lint finding", "resolved"),
+        "finding_changed": ("lint finding", "changed"),
     }
     phrases = []
     for kind, (noun, verb) in names.items():
@@ -320,6 +324,11 @@ def diff_renderable(diff: PlanDiff) -> Group:
     collectives = diff.of_kind(*COLLECTIVE_KINDS)
     if collectives:
         parts += [Text(""), FitToWidth(lambda width: _collective_table(collectives, width))]
+    findings = diff.of_kind(*FINDING_KINDS)
+    if findings:
+        from shardscope.report.findings import finding_changes_table
+
+        parts += [Text(""), finding_changes_table(findings)]
     parts += [
         Text(""),
         Text(

@@ -17,6 +17,7 @@ import jinja2
 from shardscope.atomic import write_atomic
 from shardscope.diff import (
     COLLECTIVE_KINDS,
+    FINDING_KINDS,
     TENSOR_KINDS,
     Change,
     DimChange,
@@ -43,6 +44,7 @@ from shardscope.report.diff_terminal import (
     trend,
     value_text,
 )
+from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
 from shardscope.report.terminal import spec_text
 from shardscope.rules import SpecEntry
 from shardscope.summary import axes_label, human_bytes
@@ -216,6 +218,27 @@ def _unchanged_collective(row: CollectiveRow) -> dict[str, Any]:
     }
 
 
+def _finding_rows(changes: Sequence[Change]) -> list[dict[str, str]]:
+    # An added finding is bad news and a resolved one good: their rows read like a verdict, not a code diff.
+    classes = {"finding_added": "f-new", "finding_resolved": "f-gone", "finding_changed": "chg"}
+    rows = []
+    for change in changes:
+        side = finding_side(change)
+        rows.append(
+            {
+                "mark": FINDING_MARKS[change.kind],
+                "cls": classes[change.kind],
+                "verb": FINDING_VERBS[change.kind],
+                "severity": side["severity"],
+                "id": side["id"],
+                "subject": side["subject"],
+                "message": finding_change_text(change),
+                "fix": side["fix"],
+            }
+        )
+    return rows
+
+
 def _provenance(diff: PlanDiff) -> list[dict[str, Any]]:
     old, new = dict(diff.provenance_before), dict(diff.provenance_after)
     keys = list(old) + [k for k in new if k not in old]
@@ -257,6 +280,11 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
         "collective_marks": {m: sum(1 for c in collectives if COLLECTIVE_MARKS[c.kind] == m) for m in "+−~"},
         "unchanged_tensors": [_unchanged_tensor(p, t) for p, t in diff.unchanged_tensors],
         "unchanged_collectives": [_unchanged_collective(r) for r in diff.unchanged_collectives],
+        "findings": _finding_rows(diff.of_kind(*FINDING_KINDS)),
+        "unchanged_findings": [
+            {"severity": f.severity, "id": f.lint, "subject": f.subject, "message": f.message}
+            for f in diff.unchanged_findings
+        ],
         "notes": list(diff.notes),
         "tolerance": f"{diff.temp_tolerance:.0%}",
         "provenance": _provenance(diff),

@@ -16,6 +16,7 @@ from shardscope.atomic import write_atomic
 from shardscope.check import CaseOutcome, CheckSummary
 from shardscope.diff import (
     COLLECTIVE_KINDS,
+    FINDING_KINDS,
     TENSOR_KINDS,
     Change,
     PlanDiff,
@@ -34,11 +35,13 @@ from shardscope.report.diff_terminal import (
     tensor_bytes,
     value_text,
 )
+from shardscope.report.findings import FINDING_MARKS, finding_change_text, finding_side
 from shardscope.summary import human_bytes
 from shardscope.topology import mesh_label
 
 TOP_TENSORS = 8
 TOP_COLLECTIVES = 8
+TOP_FINDINGS = 10
 # Inline Markdown that could turn a name into formatting, a link, math or a broken table cell.
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~$])")
 
@@ -149,6 +152,21 @@ def _collectives(changes: Sequence[Change]) -> list[str]:
     return lines
 
 
+def _findings(changes: Sequence[Change]) -> list[str]:
+    # Added findings first (what a reviewer must answer), then changed, then resolved; the most severe first.
+    order = {"finding_added": 0, "finding_changed": 1, "finding_resolved": 2}
+    rank = {"error": 0, "warning": 1, "info": 2}
+    ranked = sorted(changes, key=lambda c: (order[c.kind], rank.get(finding_side(c)["severity"], 3)))
+    lines = ["| | severity | lint | subject | finding |", "|:-:|:--|:--|:--|:--|"]
+    for change in ranked[:TOP_FINDINGS]:
+        side = finding_side(change)
+        cells = [FINDING_MARKS[change.kind], side["severity"], side["id"], side["subject"], finding_change_text(change)]
+        lines.append("| " + " | ".join(md_escape(str(cell)) for cell in cells) + " |")
+    if len(ranked) > TOP_FINDINGS:
+        lines += ["", f"… and {len(ranked) - TOP_FINDINGS} more (the HTML report has them all)."]
+    return lines
+
+
 def render_markdown(diff: PlanDiff) -> str:
     """The diff as a PR-comment summary (about 50 lines however large the plans are)."""
     verdict = "no changes" if diff.same else f"{len(diff.changes)} changes"
@@ -179,6 +197,10 @@ def render_markdown(diff: PlanDiff) -> str:
     if collectives:
         lines += ["", "**Collective changes** (+ added, − removed, ~ changed)", ""]
         lines += _collectives(collectives)
+    findings = diff.of_kind(*FINDING_KINDS)
+    if findings:
+        lines += ["", "**Lint findings** (+ added, − resolved, ~ changed)", ""]
+        lines += _findings(findings)
     lines += ["", *(f"_{md_escape(note)}_" for note in diff.notes)]
     unchanged = f"{len(diff.unchanged_tensors)} tensors and {len(diff.unchanged_collectives)} collective rows unchanged"
     lines.append(f"{unchanged}; the HTML report has every row.")

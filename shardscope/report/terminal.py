@@ -102,16 +102,29 @@ def traffic_tables(rows: Sequence[CollectiveRow]) -> Group:
     return Group(*parts)
 
 
-def plan_summary(plan: Plan) -> Group:
-    """The `dump` summary: case, tensors per kind, memory, and collective traffic."""
+def plan_header(plan: Plan) -> Text:
+    """One line: model under preset on topology, mesh, axis types."""
     case = plan.case
-    mesh = mesh_label(case.mesh)
-    header = Text.assemble(
+    return Text.assemble(
         (f"{case.model}", "bold"),
         " under ",
         (case.preset, "bold"),
-        f" on {case.topology}  mesh {mesh}  axes {case.axis_types}",
+        f" on {case.topology}  mesh {mesh_label(case.mesh)}  axes {case.axis_types}",
     )
+
+
+def plan_summary(plan: Plan) -> Group:
+    """The `dump` summary: case, tensors per kind, memory, collective traffic, and lint findings."""
+    summary = _plan_summary(plan)
+    if not plan.findings:
+        return summary
+    from shardscope.report.findings import findings_summary
+
+    return Group(summary, Text(""), findings_summary(plan.findings))
+
+
+def _plan_summary(plan: Plan) -> Group:
+    header = plan_header(plan)
     kinds = Table(title="Tensors", title_justify="left", show_edge=False)
     kinds.add_column("kind")
     kinds.add_column("count", justify="right")

@@ -1,0 +1,102 @@
+"""What the checks read: the preset, the plan, what the trace and the compiler said, and the target hardware.
+
+A check is a pure function `LintContext → findings`; everything it may look at is here, as plain values.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardscope.plan import Plan, TensorRecord
+from shardscope.presets import Preset
+from shardscope.rules import Indivisible, Rule
+
+if TYPE_CHECKING:
+    from shardscope.cost.hardware import Hardware
+
+# A logical-axes tuple, one name (or None) per dimension.
+LogicalAxes = tuple[str | None, ...]
+# Modules whose tensors are "inside the MoE block": a path component naming a MoE block. Layer stacks
+# (`moe_layers`) hold attention too, so they do not count.
+_STACK_SUFFIX = "_layers"
+
+
+@dataclass(frozen=True)
+class LintContext:
+    """Everything a lint may read about one case.
+
+    Attributes:
+      preset: the preset planned (its rules, mesh axes and lint settings).
+      plan: the plan (tensors; collectives and memory when compiled).
+      resolved: every logical-axes tuple the model asked the rules for while tracing, recorded on a tensor
+        or not.
+      indivisible: tensors whose mesh axes do not divide them (from a lenient trace; empty otherwise).
+      compiler_log: what the compiler wrote to stderr while compiling; None when not compiled, or when its
+        warnings could not be captured in this process.
+      hardware: the TPU generation to check memory against, if any.
+      slices: TPU slices joined over DCN (the `data` axis spans them).
+    """
+
+    preset: Preset
+    plan: Plan
+    resolved: frozenset[LogicalAxes] = frozenset()
+    indivisible: tuple[Indivisible, ...] = ()
+    compiler_log: str | None = None
+    hardware: Hardware | None = None
+    slices: int = 1
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """The preset's rules, in priority order."""
+        return self.preset.logical_axis_rules
+
+    @functools.cached_property
+    def mesh_sizes(self) -> dict[str, int]:
+        """Axis → size on this mesh; axes the rules name but `mesh_axes` lacks are size 1 (as MaxText)."""
+        named = {axis for _, axes in self.rules for axis in axes}
+        return {axis: 1 for axis in named} | dict(self.plan.case.mesh)
+
+    def size(self, axis: str) -> int:
+        """An axis's size on this mesh (1 when the mesh lacks it)."""
+        return self.mesh_sizes.get(axis, 1)
+
+    @functools.cached_property
+    def tensors(self) -> dict[str, TensorRecord]:
+        """Path → tensor record."""
+        return self.plan.tensor_map
+
+    def tensors_of(self, *kinds: str) -> Iterator[tuple[str, TensorRecord]]:
+        """(path, record) of the given kinds, in path order."""
+        return ((path, t) for path, t in self.plan.tensors if t.kind in kinds)
+
+    @functools.cached_property
+    def used(self) -> frozenset[LogicalAxes]:
+        """Every logical-axes tuple the model uses: what it resolved and what its tensors carry."""
+        carried = {t.logical for _, t in self.plan.tensors if t.logical}
+        return frozenset(self.resolved | carried)
+
+    @functools.cached_property
+    def used_names(self) -> frozenset[str]:
+        """Every logical name the model uses."""
+        return frozenset(name for axes in self.used for name in axes if name is not None)
+
+
+def in_moe_block(path: str) -> bool:
+    """Whether a tensor path lies inside a MoE block (a component such as `MoeBlock_0`, `DeepSeekMoeBlock_0`
+    or `moe`; a layer stack named `moe_layers` does not count)."""
+    return any("moe" in part.lower() and not part.endswith(_STACK_SUFFIX) for part in path.split("/")[1:])
+
+
+def rule_subject(index: int, rule: Rule) -> str:
+    """How findings name a rule: `logical_axis_rules[12] [activation_q_length, ['context']]`."""
+    logical, axes = rule
+    return f"logical_axis_rules[{index}] [{logical}, {list(axes)}]"
+
+
+def axes_text(axes: tuple[str, ...]) -> str:
+    """ "fsdp×expert", or "(none)"."""
+    return "×".join(axes) if axes else "(none)"

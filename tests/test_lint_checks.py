@@ -1,0 +1,332 @@
+"""Each lint on the smallest hand-made case that triggers it, and on one that does not (no JAX)."""
+
+from __future__ import annotations
+
+import pytest
+from lint_helpers import placed, plan, preset, row, run
+
+from shardscope.cost.hardware import load_hardware
+from shardscope.lint.catalogue import LINT_IDS, LINTS, get_lint
+from shardscope.lint.context import LintContext, in_moe_block
+from shardscope.lint.finding import Finding, finding_from_json, finding_to_json, sort_findings
+from shardscope.lint.registry import CHECKS
+from shardscope.lint.run import run_checks, silenced
+from shardscope.plan import tensor_record
+from shardscope.rules import Indivisible
+
+MESH = (("fsdp", 4), ("expert", 2))
+
+
+def ctx_for(rules, tensors, mesh=MESH, mesh_axes=("fsdp", "expert"), **extra) -> LintContext:
+    """A context whose tensors are placed by `rules`: {path: (kind, shape, logical)}."""
+    chosen = preset(rules, mesh_axes)
+    records = {path: placed(kind, shape, logical, chosen, mesh) for path, (kind, shape, logical) in tensors.items()}
+    return LintContext(preset=chosen, plan=plan(records, mesh), **extra)
+
+
+def test_every_lint_has_a_check_an_explanation_and_a_severity():
+    assert tuple(CHECKS) == LINT_IDS
+    for lint in LINTS.values():
+        assert lint.severity in ("info", "warning", "error")
+        assert len(lint.explanation) > 200 and lint.explanation.endswith(".")
+    with pytest.raises(Exception, match="did you mean 'dead-rule'"):
+        get_lint("dead-rul")
+
+
+# dead-rule
+
+
+def test_dead_rule_and_its_misspelling_hint():
+    ctx = ctx_for(
+        [["embed", ["fsdp"]], ["mpl", ["expert"]], ["qkv", []]],
+        {"params/w": ("param", (64, 32), ("embed", "mlp"))},
+    )
+    found = run("dead-rule", ctx)
+    assert [f.subject for f in found] == ["logical_axis_rules[1] [mpl, ['expert']]", "logical_axis_rules[2] [qkv, []]"]
+    assert "did you mean 'mlp'" in found[0].message and found[0].fix == "rename it to 'mlp'"
+    assert "did you mean" not in found[1].message
+
+
+def test_a_name_the_model_only_resolves_keeps_its_rule_alive():
+    # The MoE resolves (exp, None, mlp_no_fsdp) to place its expert weights without recording those names.
+    rules = [["embed", ["fsdp"]], ["mlp_no_fsdp", ["expert"]]]
+    tensors = {"params/w": ("param", (64, 32), ("embed", None))}
+    assert [f.subject for f in run("dead-rule", ctx_for(rules, tensors))] == [
+        "logical_axis_rules[1] [mlp_no_fsdp, ['expert']]"
+    ]
+    assert run("dead-rule", ctx_for(rules, tensors, resolved=frozenset({("exp", None, "mlp_no_fsdp")}))) == []
+
+
+# shadowed-rule
+
+
+def test_shadowed_by_an_earlier_rule_for_the_same_name():
+    ctx = ctx_for([["embed", ["fsdp"]], ["embed", ["expert"]]], {"params/w": ("param", (64, 32), ("embed", None))})
+    (found,) = run("shadowed-rule", ctx)
+    assert found.subject == "logical_axis_rules[1] [embed, ['expert']]"
+    assert "an earlier rule for 'embed' decides first ([0] [embed, ['fsdp']])" in found.message
+
+
+def test_shadowed_because_its_axes_are_always_taken():
+    rules = [["heads", ["expert"]], ["kv", ["expert"]]]
+    ctx = ctx_for(rules, {"params/w": ("param", (4, 64), ("heads", "kv"))})
+    (found,) = run("shadowed-rule", ctx)
+    assert found.subject == "logical_axis_rules[1] [kv, ['expert']]"
+    assert "its mesh axes (expert) are taken by other dimensions" in found.message
+
+
+def test_a_fallback_that_applies_somewhere_is_not_shadowed():
+    # mlp takes fsdp first in [embed, mlp] weights, where the second embed rule applies.
+    rules = [["mlp", ["fsdp"]], ["embed", ["fsdp"]], ["embed", ["expert"]]]
+    tensors = {"params/a": ("param", (64,), ("embed",)), "params/b": ("param", (64, 32), ("embed", "mlp"))}
+    assert run("shadowed-rule", ctx_for(rules, tensors)) == []
+
+
+# unmatched-name
+
+
+def test_a_name_no_rule_mentions():
+    ctx = ctx_for([["embed", ["fsdp"]], ["nrom", []]], {"params/scale": ("param", (64,), ("norm",))})
+    (found,) = run("unmatched-name", ctx)
+    assert found.subject == "logical name 'norm'" and found.severity == "info"
+    assert "used by 1 parameters, inputs or activations (e.g. params/scale)" in found.message
+    assert "the rule for 'nrom' may be meant for it" in found.message
+    assert run("unmatched-name", ctx_for([["norm", []]], {"params/scale": ("param", (64,), ("norm",))})) == []
+
+
+# absent-axis-rule and unit-axis-rule
+
+
+def test_absent_axes_are_reported_on_rules_that_apply():
+    rules = [["embed", ["fsdp", "tensor"]], ["qkv", ["context"]]]  # qkv is dead: reported as dead only
+    ctx = ctx_for(rules, {"params/w": ("param", (64,), ("embed",))}, mesh=(("fsdp", 8),), mesh_axes=("fsdp",))
+    (found,) = run("absent-axis-rule", ctx)
+    assert found.subject == "logical_axis_rules[0] [embed, ['fsdp', 'tensor']]"
+    assert "'tensor', which mesh_axes ['fsdp'] lacks" in found.message
+    ok = ctx_for([["embed", ["fsdp"]]], {"params/w": ("param", (64,), ("embed",))}, mesh=(("fsdp", 8),))
+    assert run("absent-axis-rule", ok) == []
+
+
+def test_unit_axes_on_this_mesh():
+    mesh = (("stage", 1), ("fsdp", 8))
+    tensors = {"params/w": ("param", (64,), ("embed",)), "params/v": ("param", (32,), ("mlp",))}
+    ctx = ctx_for([["embed", ["stage", "fsdp"]], ["mlp", ["stage"]]], tensors, mesh=mesh, mesh_axes=("stage", "fsdp"))
+    found = run("unit-axis-rule", ctx)
+    assert [f.severity for f in found] == ["info", "info"]
+    assert "here the rule shards 'embed' over fsdp only" in found[0].message
+    assert "here the rule replicates 'mlp'" in found[1].message
+    wide_mesh = (("stage", 2), ("fsdp", 4))
+    wide = ctx_for([["embed", ["stage", "fsdp"]]], tensors, mesh=wide_mesh, mesh_axes=("stage", "fsdp"))
+    assert run("unit-axis-rule", wide) == []
+
+
+# indivisible-dim
+
+
+def test_indivisible_dimensions_grouped_by_name():
+    ctx = ctx_for([["embed", ["fsdp"]]], {"params/w": ("param", (64, 6), ("embed", "vocab"))})
+    bad = (0, 6, ("fsdp",), 4)
+    records = (
+        Indivisible("inputs/tokens", (6, 32), ("fsdp", None), (bad,)),
+        Indivisible("activations/a/x", (6, 32, 8), ("fsdp", None, None), (bad,)),
+        Indivisible("activations/b/x", (6, 32, 8), ("fsdp", None, None), (bad,)),
+        Indivisible("opt_state/0/mu/w", (6,), ("fsdp",), (bad,)),
+    )
+    found = run("indivisible-dim", LintContext(preset=ctx.preset, plan=ctx.plan, indivisible=records))
+    assert [f.subject for f in found] == ["inputs/tokens"]
+    assert found[0].severity == "error"
+    assert "of size 6 is sharded over fsdp = 4 shards" in found[0].message
+    assert "and 2 more tensors: activations/a/x, activations/b/x" in found[0].message
+    assert run("indivisible-dim", ctx) == []
+
+
+# silently-replicated
+
+
+def test_a_dimension_whose_axis_another_dimension_took():
+    rules = [["mlp", ["fsdp"]], ["embed", ["fsdp"]]]
+    tensors = {"params/w": ("param", (64, 32), ("embed", "mlp")), "params/v": ("param", (64, 32), ("embed", "mlp"))}
+    (found,) = run("silently-replicated", ctx_for(rules, tensors))
+    assert found.subject == "params/v"
+    assert "dimension 0 (embed) is replicated (and 1 more tensors" in found.message
+    assert "rule [1] [embed, ['fsdp']] was skipped: 'fsdp' is taken by dimension 1 (mlp)" in found.message
+
+
+def test_a_fallback_or_a_deliberate_replication_is_not_silent():
+    tensors = {"params/w": ("param", (64, 32), ("embed", "mlp"))}
+    fallback = [["mlp", ["fsdp"]], ["embed", ["fsdp"]], ["embed", ["expert"]]]
+    deliberate = [["embed", []], ["mlp", ["fsdp"]], ["embed", ["fsdp"]]]
+    size_one = [["mlp", ["fsdp"]], ["embed", ["stage"]]]
+    assert run("silently-replicated", ctx_for(fallback, tensors)) == []
+    assert run("silently-replicated", ctx_for(deliberate, tensors)) == []
+    assert run("silently-replicated", ctx_for(size_one, tensors, mesh_axes=("stage", "fsdp", "expert"))) == []
+
+
+# activation-name-on-weight, weight-name-on-activation, moe-name-outside-moe
+
+
+def test_names_in_the_wrong_place():
+    rules = [["embed", ["fsdp"]]]
+    tensors = {
+        "params/decoder/mlp/wi": ("param", (64, 32), ("activation_embed", "mlp")),
+        "params/decoder/attn/q": ("param", (64, 32), ("embed", "heads")),
+        "activations/decoder/attn/out": ("activation", (8, 64), ("activation_batch", "embed")),
+        "activations/decoder/x": ("activation", (8, 64), ("activation_batch", "activation_embed")),
+    }
+    ctx = ctx_for(rules, tensors)
+    assert [f.subject for f in run("activation-name-on-weight", ctx)] == ["params/decoder/mlp/wi"]
+    (found,) = run("weight-name-on-activation", ctx)
+    assert found.subject == "activations/decoder/attn/out" and "weight names embed" in found.message
+
+
+def test_moe_names_belong_inside_the_moe_block():
+    shared = "params/decoder/moe_layers/DeepSeekMoeBlock_0/shared_experts/wi_0/kernel"
+    tensors = {
+        "params/decoder/moe_layers/MoeBlock_0/wi_0": ("param", (8, 64, 32), ("exp", "embed_moe", "mlp_moe")),
+        shared: ("param", (64, 32), ("embed", "mlp")),
+        "params/decoder/moe_layers/self_attention/out": ("param", (4, 16, 64), ("heads", "kv", "embed_moe")),
+        "activations/decoder/moe_layers/x": ("activation", (8, 32, 64), ("activation_batch_moe", None, None)),
+    }
+    found = run("moe-name-outside-moe", ctx_for([["embed", ["fsdp"]]], tensors))
+    assert [f.subject for f in found] == [
+        "activations/decoder/moe_layers/x",
+        "params/decoder/moe_layers/self_attention/out",
+    ]
+    assert in_moe_block("params/decoder/layers/moe/wi") and not in_moe_block("params/decoder/moe_layers/mlp/wi")
+
+
+# large-replicated
+
+
+def test_large_replicated_parameters_with_their_optimizer_state():
+    rules = [["embed", ["fsdp"]]]
+    big = ("param", (2048, 4096), ("vocab", "mlp"))  # 32 MiB, no rule shards it
+    tensors = {
+        "params/emb": big,
+        "opt_state/0/mu/emb": ("opt_state", (2048, 4096), ("vocab", "mlp")),
+        "opt_state/0/nu/emb": ("opt_state", (2048, 4096), ("vocab", "mlp")),
+        "params/w": ("param", (4096, 4096), ("embed", "mlp")),  # sharded over fsdp
+        "params/small": ("param", (64,), ("norm",)),
+    }
+    (found,) = run("large-replicated", ctx_for(rules, tensors))
+    assert found.subject == "params/emb"
+    assert "32.0 MiB per device, 96.0 MiB with its 2 optimizer-state copies (threshold 16.0 MiB" in found.message
+    higher = ctx_for(rules, tensors, mesh_axes=("fsdp", "expert"))
+    higher = LintContext(preset=preset(rules, lint={"max_replicated_bytes": "64 MiB"}), plan=higher.plan)
+    assert run("large-replicated", higher) == []
+    one_device = ctx_for(rules, {"params/emb": big}, mesh=(("fsdp", 1), ("expert", 1)))
+    assert run("large-replicated", one_device) == []
+
+
+# dcn-weight-in-loop and dcn-collective-in-loop
+
+
+def test_layer_weights_sharded_across_slices():
+    rules = [["embed", ["data", "fsdp"]], ["vocab", ["data"]]]
+    mesh = (("data", 2), ("fsdp", 4))
+    tensors = {
+        "params/decoder/layers/w": ("param", (64, 4, 32), ("embed", "layers", "mlp")),
+        "params/embedding": ("param", (256, 64), ("vocab", None)),  # outside the layer loop
+    }
+    two = ctx_for(rules, tensors, mesh=mesh, mesh_axes=("data", "fsdp"), slices=2)
+    (found,) = run("dcn-weight-in-loop", two)
+    assert found.subject == "params/decoder/layers/w" and "dimension 0 (embed)" in found.message
+    assert run("dcn-weight-in-loop", ctx_for(rules, tensors, mesh=mesh, mesh_axes=("data", "fsdp"))) == []
+
+
+def test_collectives_over_the_dcn_axis_inside_the_loop():
+    rules = [["embed", ["fsdp"]]]
+    base = ctx_for(rules, {"params/w": ("param", (64,), ("embed",))}, mesh=(("data", 2), ("fsdp", 4)))
+    rows = [
+        row("all-gather", ["data"], [8, 64], 4),
+        row("all-reduce", ["data"], [64], 1),  # the gradient all-reduce, once per step
+        row("all-gather", ["fsdp"], [64], 4),
+    ]
+    inside = plan(base.plan.tensor_map, base.plan.case.mesh, rows)
+    found = run("dcn-collective-in-loop", LintContext(preset=base.preset, plan=inside, slices=2))
+    assert [f.subject for f in found] == ["all-gather over data float32[8,64] forward at decoder"]
+    assert run("dcn-collective-in-loop", LintContext(preset=base.preset, plan=inside, slices=1)) == []
+
+
+# expert-gather-in-loop
+
+
+def _expert_case(rows, rules=(("exp", ["expert"]), ("embed_moe", ["fsdp"]))):
+    mesh = (("fsdp", 4), ("expert", 2))
+    chosen = preset([list(r) for r in rules])
+    weight = placed("param", (8, 4, 64, 32), ("exp", "moe_layers", "embed_moe", "mlp_moe"), chosen, mesh)
+    return LintContext(preset=chosen, plan=plan({"params/decoder/moe_layers/MoeBlock_0/wi_0": weight}, mesh, rows))
+
+
+def test_expert_weights_gathered_over_their_expert_axis_in_the_loop():
+    ctx = _expert_case([row("all-gather", ["expert"], [1, 8, 64, 32], 4)])
+    (found,) = run("expert-gather-in-loop", ctx)
+    assert found.subject == "all-gather over expert float32[1,8,64,32] forward at decoder"
+    assert "expert weights (wi_0, sharded over expert by their `exp` rule) are gathered over expert" in found.message
+
+
+@pytest.mark.parametrize(
+    "gather",
+    [
+        row("all-gather", ["fsdp"], [1, 4, 64, 32], 4),  # over FSDP: MaxText's own design
+        row("all-gather", ["expert"], [8, 32, 64], 4),  # tokens, not a weight slice
+        row("all-gather", ["expert"], [1, 8, 64, 32], 1),  # outside the layer loop
+        row("all-to-all", ["expert"], [1, 8, 64, 32], 4),
+    ],
+)
+def test_what_is_not_an_expert_gather(gather):
+    assert run("expert-gather-in-loop", _expert_case([gather])) == []
+
+
+def test_expert_gathers_need_the_compiled_step():
+    ctx = _expert_case([row("all-gather", ["expert"], [1, 8, 64, 32], 4)])
+    tensors_only = plan(ctx.plan.tensor_map, ctx.plan.case.mesh, compiled=False)
+    assert run("expert-gather-in-loop", LintContext(preset=ctx.preset, plan=tensors_only)) == []
+
+
+# hbm-overflow
+
+
+def test_plans_that_do_not_fit_the_hardware():
+    v5e = load_hardware("v5e")  # 16 GiB per chip, one device each
+    sizes = dict(MESH)
+    huge = tensor_record("param", (2**30, 3), "float32", ("embed", None), (None, None), sizes)  # 12 GiB
+    small = tensor_record("param", (1024,), "float32", ("embed",), (None,), sizes)
+    chosen = preset([["embed", ["fsdp"]]])
+    (found,) = run("hbm-overflow", LintContext(preset=chosen, plan=plan({"params/w": huge}), hardware=v5e))
+    assert found.severity == "error" and found.subject == "HBM per device on v5e"
+    assert "a lower bound" in found.message and "params 12.0 GiB" in found.message
+    assert run("hbm-overflow", LintContext(preset=chosen, plan=plan({"params/w": small}), hardware=v5e)) == []
+    assert run("hbm-overflow", LintContext(preset=chosen, plan=plan({"params/w": huge}))) == []
+
+
+# silencing, ordering and JSON
+
+
+def test_silencing_by_lint_and_by_subject():
+    ctx = ctx_for([["embed", ["fsdp"]], ["qkv", []], ["kv", []]], {"params/w": ("param", (64,), ("embed",))})
+    assert {f.lint for f in run_checks(ctx)} == {"dead-rule"}
+    settings = preset([], lint={"ignore": [{"id": "dead-rule", "subject": "[qkv,"}]}).lint
+    assert [f.subject for f in run_checks(ctx, settings)] == ["logical_axis_rules[2] [kv, []]"]
+    assert run_checks(ctx, preset([], lint={"ignore": ["dead-rule"]}).lint) == ()
+    finding = Finding("dead-rule", "warning", "logical_axis_rules[2] [kv, []]", "m", "f")
+    assert silenced(finding, settings) is False
+
+
+def test_findings_sort_most_severe_first_and_rules_in_file_order_and_round_trip():
+    findings = [
+        Finding("unit-axis-rule", "info", "logical_axis_rules[3] [a, ['x']]", "m", "f"),
+        Finding("dead-rule", "warning", "logical_axis_rules[12] [b, []]", "m", "f"),
+        Finding("dead-rule", "warning", "logical_axis_rules[2] [c, []]", "m", "f"),
+        Finding("hbm-overflow", "error", "HBM per device on v5e", "m", "f"),
+    ]
+    ordered = sort_findings(findings)
+    assert [f.subject for f in ordered] == [
+        "HBM per device on v5e",
+        "logical_axis_rules[2] [c, []]",
+        "logical_axis_rules[12] [b, []]",
+        "logical_axis_rules[3] [a, ['x']]",
+    ]
+    assert all(finding_from_json(finding_to_json(f)) == f for f in findings)
+    # A rule's identity across plans ignores its position.
+    assert findings[1].key == ("dead-rule", "logical_axis_rules [b, []]")
