@@ -90,6 +90,11 @@ def echo_filter(text: str, level: int) -> str:
     return "".join(kept)
 
 
+def _flush_stderr() -> None:
+    for stream in {id(s): s for s in (sys.stderr, sys.__stderr__) if s is not None}.values():
+        stream.flush()
+
+
 @contextlib.contextmanager
 def capture_compiler_log() -> Iterator[CompilerLog]:
     """Captures file descriptor 2 while the block runs; afterwards restores it, writes back what the user
@@ -100,14 +105,14 @@ def capture_compiler_log() -> Iterator[CompilerLog]:
       A CompilerLog whose `text` holds everything written to stderr during the block.
     """
     log = CompilerLog(visible=warnings_visible())
-    sys.stderr.flush()
+    _flush_stderr()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as sink:
         os.dup2(sink.fileno(), 2)
         try:
             yield log
         finally:
-            sys.stderr.flush()
+            _flush_stderr()
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)

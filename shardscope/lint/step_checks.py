@@ -139,13 +139,13 @@ def check_hbm(ctx: LintContext) -> Iterator[Finding]:
         return
     largest = sorted(need.categories, key=lambda item: -item[1])[:3]
     parts = ", ".join(f"{name} {human_bytes(size)}" for name, size in largest)
-    bound = "" if need.exact else " at least (an estimate from the tensors, a lower bound)"
+    bound = " (the TPU compiler's figures)" if need.exact else " at least (estimated from the tensors: a lower bound)"
     yield Finding(
         "hbm-overflow",
         "error",
         f"HBM per device on {ctx.hardware.name}",
         f"needs {human_bytes(need.total)}{bound} of {human_bytes(need.capacity)}: over by "
-        f"{human_bytes(need.over)} ({parts}; {need.source})",
+        f"{human_bytes(need.over)} (largest: {parts})",
         "shard more (FSDP over more devices), lower --set model.per_device_batch=…, or use more devices",
     )
 
