@@ -204,8 +204,7 @@ def test_builtin_golden_plans_carry_no_findings(plan_for_golden_case):
     from shardscope.golden import load_manifest
 
     for case in load_manifest(Path(__file__).parent.parent / "golden"):
-        if case.topology == "cpu-8":
-            assert plan_for_golden_case(case).findings == (), case.case_id
+        assert plan_for_golden_case(case).findings == (), case.case_id
 
 
 def test_maxtexts_ep_as_cp_file_compiled_shows_the_embeddings_rematerialisation():

@@ -4,6 +4,7 @@ collectives over the cross-slice axis inside it, and a plan that does not fit th
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterator
 
 from shardscope.lint.context import LintContext, axes_text, rule_subject
@@ -111,21 +112,27 @@ def check_expert_gathers(ctx: LintContext) -> Iterator[Finding]:
 
 
 def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
-    """`dcn-collective-in-loop`: with several slices, collectives over `data` inside the layer loop."""
+    """`dcn-collective-in-loop`: with several slices, collectives over `data` inside the layer loop, one finding
+    per (op, axes, pass, source)."""
     if ctx.slices <= 1 or not ctx.plan.holds("collectives"):
         return
+    groups: dict[tuple[str, tuple[str, ...], str, str], list[CollectiveRow]] = defaultdict(list)
     for row in ctx.plan.collectives:
         if row.axes and DCN_AXIS in row.axes and _in_loop(row):
-            trips = "an unknown number of" if row.loop_trips is None else str(row.loop_trips)
-            yield Finding(
-                "dcn-collective-in-loop",
-                "warning",
-                row_subject(row),
-                f"crosses the data-center network ({DCN_AXIS!r} spans {ctx.slices} slices) in each of {trips} "
-                f"loop iterations: {human_bytes(row.bytes)} × {row.count} per iteration",
-                f"find the tensor sharded over {DCN_AXIS!r} at {row.source or 'the top level'} and keep that axis "
-                "to the batch",
-            )
+            groups[(row.op, row.axes, row.pass_, row.source)].append(row)
+    for (op, axes, pass_, source), rows in sorted(groups.items()):
+        per_iteration = sum(r.bytes * r.count for r in rows)
+        trips = sorted({"?" if r.loop_trips is None else str(r.loop_trips) for r in rows})
+        shapes = ", ".join(sorted({f"{r.dtype}[{','.join(map(str, r.shape))}]" for r in rows})[:3])
+        more = "" if len(rows) <= 3 else f" and {len(rows) - 3} more"
+        yield Finding(
+            "dcn-collective-in-loop",
+            "warning",
+            f"{op} over {'+'.join(axes)} {pass_} at {source or '(top level)'}",
+            f"crosses the data-center network ({DCN_AXIS!r} spans {ctx.slices} slices) inside loops of "
+            f"{'/'.join(trips)} trips: {len(rows)} rows ({shapes}{more}), {human_bytes(per_iteration)} per iteration",
+            f"find the tensor sharded over {DCN_AXIS!r} at {source or 'the top level'} and keep that axis to the batch",
+        )
 
 
 def check_hbm(ctx: LintContext) -> Iterator[Finding]:

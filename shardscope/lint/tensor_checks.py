@@ -210,21 +210,24 @@ def is_layer_stack_name(name: str | None) -> bool:
 
 
 def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
-    """`dcn-weight-in-loop`: with several slices, parameters of scanned layers sharded over `data`."""
+    """`dcn-weight-in-loop`: with several slices, parameters of scanned layers sharded over `data`, one finding
+    per logical name so sharded."""
     if ctx.slices <= 1:
         return
+    groups: dict[str, list[str]] = defaultdict(list)
     for path, tensor, logical in _named(ctx, ("param",)):
         if not any(is_layer_stack_name(name) for name in logical):
             continue
-        dims = [d for d, entry in enumerate(tensor.spec) if DCN_AXIS in entry_axes(entry)]
-        if dims:
-            names = ", ".join(f"dimension {d} ({logical[d]})" for d in dims)
-            rules = ", ".join(str(logical[d]) for d in dims)
-            yield Finding(
-                "dcn-weight-in-loop",
-                "warning",
-                path,
-                f"a weight of the scanned layers sharded over {DCN_AXIS!r} ({names}), which spans {ctx.slices} "
-                f"slices: gathered across the data-center network in every layer",
-                f"take {DCN_AXIS!r} out of the rules for {rules}; keep it to the batch",
-            )
+        for dim, entry in enumerate(tensor.spec):
+            if DCN_AXIS in entry_axes(entry):
+                groups[str(logical[dim])].append(path)
+    for name, paths in sorted(groups.items()):
+        more = f" (and {len(paths) - 1} more: {_examples(paths[1:])})" if len(paths) > 1 else ""
+        yield Finding(
+            "dcn-weight-in-loop",
+            "warning",
+            paths[0],
+            f"weights of the scanned layers have {name!r} sharded over {DCN_AXIS!r}, which spans {ctx.slices} slices: "
+            f"gathered across the data-center network in every layer{more}",
+            f"take {DCN_AXIS!r} out of the rules for {name!r}; keep it to the batch",
+        )
