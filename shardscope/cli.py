@@ -174,20 +174,21 @@ def collectives_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """The collectives table of any HLO text file, in your mesh axes."""
-    from shardscope.hlo import HloParseError, MeshLayout, parse_collectives
-    from shardscope.topology import parse_mesh_arg
+    from shardscope.hlo import HloParseError, check_mesh, collectives_of, read_module
 
     try:
-        sizes = parse_mesh_arg(mesh or "")
         try:
-            text = hlo_file.read_text(encoding="utf-8", errors="replace")
+            data = hlo_file.read_bytes()
         except OSError as err:
             raise ShardscopeError(f"cannot read {hlo_file}: {err.strerror}") from None
-        layout = MeshLayout(tuple(sizes), tuple(sizes.values())) if sizes else None
         try:
-            parsed = parse_collectives(text, layout)
+            module = read_module(data)
         except HloParseError as err:
             raise ShardscopeError(f"{hlo_file}: {err}") from None
+        layout = _collectives_mesh(mesh, module.num_devices) if mesh else None
+        parsed = collectives_of(module, layout)
+        if layout is not None:
+            check_mesh(parsed, layout)
     except ShardscopeError as err:
         _fail(err)
     from shardscope.collectives import collective_rows
@@ -197,6 +198,7 @@ def collectives_command(
         payload = {
             "collectives": [c.to_dict() for c in parsed.collectives],
             "unknown": [u.__dict__ for u in parsed.unknown],
+            "notices": list(parsed.notices),
         }
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
         return
@@ -206,6 +208,39 @@ def collectives_command(
     console.print(collectives_table(rows), "", traffic_tables(rows))
     for unknown in parsed.unknown:
         console.print(f"[yellow]not understood:[/] {unknown.op} (line {unknown.line})")
+    for notice in parsed.notices:
+        typer.echo(f"shardscope: warning: {hlo_file}: {notice}", err=True)
+
+
+def _collectives_mesh(text: str, num_devices: int | None):
+    """The `--mesh` of `collectives` as a layout: each axis once, a -1 filled from the module's devices."""
+    from shardscope.errors import MeshError
+    from shardscope.hlo import MeshLayout
+    from shardscope.topology import parse_mesh_arg
+
+    sizes = parse_mesh_arg(text)
+    names = [part.partition("=")[0].strip() for part in text.split(",") if part.strip()]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise MeshError(f"--mesh {text!r}: axis {repeated[0]!r} is given twice; name each mesh axis once")
+    if not sizes:
+        raise MeshError(f"--mesh {text!r}: expected axis=size pairs like 'fsdp=4,expert=2'")
+    fill = [axis for axis, size in sizes.items() if size == -1]
+    if fill:
+        known = 1
+        for size in sizes.values():
+            known *= size if size > 0 else 1
+        if len(fill) > 1 or num_devices is None or num_devices % known:
+            why = (
+                "only one axis may be -1"
+                if len(fill) > 1
+                else "the module does not say how many devices it runs on; give every size"
+                if num_devices is None
+                else f"the module runs on {num_devices} devices, which the other axes ({known}) do not divide"
+            )
+            raise MeshError(f"--mesh {text!r}: cannot fill {fill[0]!r} (-1): {why}")
+        sizes[fill[0]] = num_devices // known
+    return MeshLayout(tuple(sizes), tuple(sizes.values()))
 
 
 HtmlOption = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]

@@ -24,7 +24,7 @@ from shardscope.hlo import (
     pass_of,
     shape_info,
 )
-from shardscope.hlo_groups import expand_mesh_groups, pairs_to_shift, parse_replica_groups
+from shardscope.hlo.groups import expand_mesh_groups, pairs_to_shift, parse_replica_groups
 
 SAMPLES = Path(__file__).parent / "hlo_samples"
 MESH = MeshLayout(("fsdp", "expert"), (4, 2))
@@ -435,16 +435,29 @@ def test_unknown_collective_like_ops_are_reported_and_bad_lines_skipped() -> Non
         "this line is not HLO at all(",
         "%trunc = f32[8 all-gather(",
         all_reduce("{{0,1},{2,3}", name="broken"),
+        all_reduce("{{0,1},{2,x}}", name="odd"),
         all_reduce("{{0,1},{2,3},{4,5},{6,7}}"),
     )
     lines = text.split("\n")
+
+    def line(needle: str) -> int:
+        return lines.index(next(x for x in lines if needle in x)) + 1
+
     parsed = parse_collectives(text, MESH)
-    assert parsed.unknown == tuple(
-        UnknownOp(op, lines.index(next(x for x in lines if f" {op}(" in x)) + 1)
-        for op in ("send", "recv", "all-reduce-scatter", "all-gather")  # the cut-off all-gather is not understood
+    # What parses but is not understood, and what does not parse (the unclosed `[` and `{`), by opcode.
+    assert parsed.unknown == (
+        UnknownOp("send", line(" send(")),
+        UnknownOp("recv", line(" recv(")),
+        UnknownOp("all-reduce-scatter", line("all-reduce-scatter(")),
+        UnknownOp("all-gather", line("%trunc")),
+        UnknownOp("all-reduce", line("%broken")),
     )
     got = {(r.axes, r.groups) for r in parsed.collectives}
-    assert got == {(("expert",), None), (None, "{{0,1},{2,3}")}  # a malformed spelling is kept verbatim
+    assert got == {(("expert",), None), (None, "{{0,1},{2,x}}")}  # an unknown spelling is kept verbatim
+    assert parsed.notices == (
+        f"3 instruction(s) that do not parse were skipped (lines {line('not HLO')}, {line('%trunc')},"
+        f" {line('%broken')})",
+    )
 
 
 @pytest.mark.parametrize(
