@@ -25,28 +25,12 @@ import re
 from dataclasses import dataclass
 
 from shardscope.hlo.records import Instruction, Malformed
-from shardscope.hlo.text import NAME, NUMBER, PUNCT, STRING, WORD, Cursor, Token
+from shardscope.hlo.text import NAME, NUMBER, PUNCT, WORD, Cursor, Token, clean, operand_name
 
-__all__ = [
-    "TABLE_KEYWORDS",
-    "ComputationText",
-    "clean",
-    "is_computation_start",
-    "operand_name",
-    "read_computation",
-    "read_instruction",
-    "read_module_header",
-    "skip_line",
-    "skip_table",
-]
+__all__ = ["ComputationText", "is_computation_start", "read_computation", "read_instruction"]
 
-TABLE_KEYWORDS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
-_OPEN = {"(": ")", "[": "]", "{": "}"}
+_OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}  # `<…>`: the `@mesh<a=4,b=2>` spelling of groups
 _CLOSE = frozenset(_OPEN.values())
-_COMMENT = re.compile(r"(\"[^\"\\]*(?:\\.[^\"\\]*)*\"|'[^'\\]*(?:\\.[^'\\]*)*')|/\*.*?\*/|//[^\n]*", re.S)
-_TABLE_LINES = re.compile(
-    r"(?:[ \t]*\n|[ \t]*\d+[ \t]+(?:\"[^\"\\\n]*(?:\\.[^\"\\\n]*)*\"|\{[^{}\n]*\})[ \t]*(?:\n|\Z))*"
-)
 _HEADER_LINE = re.compile(r"[ \t]*(?:ENTRY[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*(?:\(.*\)[ \t]*->.*)?\{[ \t]*(?://.*)?$")
 
 
@@ -167,19 +151,6 @@ def _value(c: Cursor) -> tuple[int, int]:
     if end == first:
         raise _Error
     return c.tokens[first].start, c.tokens[end - 1].end
-
-
-def clean(raw: str) -> str:
-    """A value's or shape's spelling as both readers give it: the source text, comments removed, stripped."""
-    if "/*" in raw or "//" in raw:
-        raw = _COMMENT.sub(lambda m: m.group(1) or "", raw)
-    return raw.strip()
-
-
-def operand_name(raw: str) -> str:
-    """An operand's name from its spelling: `f32[8]{0} %x` gives "x", `0` gives "0"."""
-    words = clean(raw).split()
-    return words[-1].removeprefix("%") if words else ""
 
 
 def _attributes(c: Cursor) -> list[tuple[str, str]]:
@@ -373,64 +344,3 @@ def read_computation(text: str, start: int) -> ComputationText | None:
         except _End:
             cut = Malformed(token.start, _guess_opcode(c.tokens[first:]))
             return ComputationText(name, is_entry, start, len(text), False, tuple(instructions), tuple(malformed), cut)
-
-
-def read_module_header(text: str, start: int) -> tuple[str, tuple[tuple[str, str], ...], int]:
-    """`HloModule name, attributes…` at `start` → (name, attributes, offset after them).
-
-    A value ends at a `,` outside brackets or with its line (the header is one line in every dump).
-    """
-    c = Cursor(text, start)
-    c.take()  # HloModule
-    name = c.peek()
-    if name is None or name.line_start or name.kind not in (NAME, WORD, STRING):
-        return "", (), c.tokens[0].end
-    c.take()
-    attributes: list[tuple[str, str]] = []
-    while _is(c.peek(), ","):
-        key, eq = c.peek(1), c.peek(2)
-        if key is None or eq is None or key.kind != WORD or not _is(eq, "="):
-            break
-        c.take(), c.take(), c.take()
-        first, depth = c.i, 0
-        while (token := c.peek()) is not None and (depth or not (token.line_start or _is(token, ","))):
-            if token.kind == PUNCT and token.text in _OPEN:
-                depth += 1
-            elif token.kind == PUNCT and token.text in _CLOSE:
-                depth = max(0, depth - 1)
-            c.take()
-        if c.i > first:
-            attributes.append((key.text, clean(text[c.tokens[first].start : c.tokens[c.i - 1].end])))
-    return name.bare.strip("\"'"), tuple(attributes), c.tokens[c.i - 1].end
-
-
-def skip_table(text: str, start: int) -> int:
-    """Skips a `StackFrames`-style table (keyword, then `int "string"` or `int {…}` entries); a regex takes
-    the one-line entries a dump prints (tables run to 100,000s of lines), the tokens whatever is left."""
-    keyword_end = text.find("\n", start)
-    if keyword_end < 0:
-        return len(text)
-    end = _TABLE_LINES.match(text, keyword_end + 1).end()  # type: ignore[union-attr]  # `*`: always matches
-    c = Cursor(text, end)
-    while True:
-        token, nxt = c.peek(), c.peek(1)
-        if token is None or token.kind != NUMBER or nxt is None:
-            break
-        if nxt.kind == STRING:
-            c.take(), c.take()
-        elif _is(nxt, "{"):
-            c.take()
-            try:
-                _bracketed(c)
-            except (_Error, _End):
-                break
-        else:
-            break
-        end = c.tokens[c.i - 1].end
-    return end
-
-
-def skip_line(text: str, start: int) -> int:
-    """The start of the line after the one holding `start`."""
-    end = text.find("\n", start)
-    return len(text) if end < 0 else end + 1

@@ -16,17 +16,10 @@ from __future__ import annotations
 import re
 
 from shardscope.errors import ShardscopeError
-from shardscope.hlo.grammar import (
-    TABLE_KEYWORDS,
-    ComputationText,
-    is_computation_start,
-    read_computation,
-    read_instruction,
-    read_module_header,
-    skip_line,
-    skip_table,
-)
-from shardscope.hlo.printed import calls_of, read_header_line, read_line, read_printed_run, scan_hits
+from shardscope.hlo.grammar import ComputationText, is_computation_start, read_computation, read_instruction
+from shardscope.hlo.header import TABLE_KEYWORDS, read_module_header, skip_line, skip_table
+from shardscope.hlo.lines import read_header_line, read_line
+from shardscope.hlo.printed import calls_of, read_printed_run, scan_hits
 from shardscope.hlo.records import Computation, Instruction, Module, Truncation, matters
 from shardscope.hlo.text import WORD, Cursor, decode, line_of
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["Cursor", "Token", "decode", "line_of", "tokenize"]
+__all__ = ["Cursor", "Token", "clean", "decode", "line_of", "operand_name", "tokenize"]
 
 # Token kinds: the number of the regex group that matched (group 1 is a line break in the trivia before).
 STRING, NAME, WORD, NUMBER, PUNCT, OTHER = range(2, 8)
@@ -26,13 +26,15 @@ _TOKEN = re.compile(
     r"(?:[ \t\r\f\v]+|(\n)|//[^\n]*|/\*[^*]*\*+(?:[^/*][^*]*\*+)*/)*"  # trivia: whitespace and comments
     r"(?:(\"[^\"\\]*(?:\\.[^\"\\]*)*\"|'[^'\\]*(?:\\.[^'\\]*)*')"  # string
     r"|(%[A-Za-z_][A-Za-z0-9_.\-]*)"  # name
-    r"|([A-Za-z_][A-Za-z0-9_.\-]*)"  # identifier
+    r"|([0-9bf?]{2,}_[0-9io?]{2,}->[0-9bf?]{2,}|[A-Za-z_][A-Za-z0-9_.\-]*)"  # dim labels (b01f_01io->b01f), identifier
     r"|(-?(?:\d[A-Za-z0-9_.]*(?:(?<=[eE])[+-]\d+)?|inf\b|nan\b))"  # number or number-like pattern
     r"|(->|<=|\.\.\.|[=,:*#+~?\[\]{}()<>@!|^&;$/\\-])"  # punctuation
     r"|(.)"  # anything else, one character
     r"|\Z)",
     re.S,
 )
+
+_COMMENT = re.compile(r"(\"[^\"\\]*(?:\\.[^\"\\]*)*\"|'[^'\\]*(?:\\.[^'\\]*)*')|/\*.*?\*/|//[^\n]*", re.S)
 
 
 class Token(NamedTuple):
@@ -124,3 +126,16 @@ def decode(data: bytes | str) -> str:
     if isinstance(data, str):
         return data
     return data.decode("utf-8", errors="replace")
+
+
+def clean(raw: str) -> str:
+    """A value's or shape's spelling as both readers give it: the source text, comments removed, stripped."""
+    if "/*" in raw or "//" in raw:
+        raw = _COMMENT.sub(lambda m: m.group(1) or "", raw)
+    return raw.strip()
+
+
+def operand_name(raw: str) -> str:
+    """An operand's name from its spelling: `f32[8]{0} %x` gives "x", `0` gives "0"."""
+    words = clean(raw).split()
+    return words[-1].removeprefix("%") if words else ""
