@@ -26,6 +26,17 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JS
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the plan JSON here (- for standard output).")
 ]
+HardwareOption = Annotated[
+    str | None,
+    typer.Option(
+        "--hardware",
+        help="Price the plan on a TPU generation (v4, v5e, v5p, v6e, tpu7x); TPU topologies price as themselves.",
+    ),
+]
+EfficiencyOption = Annotated[
+    float | None,
+    typer.Option("--efficiency", help="Fraction of link bandwidth collectives reach (default: the hardware table's)."),
+]
 
 
 def write_output(plan, output: Path | None) -> bool:
@@ -131,8 +142,10 @@ def dump_command(
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
     ] = False,
     no_cache: NoCacheOption = False,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
 ) -> None:
-    """Compile one case and print its plan summary; write the plan JSON with -o."""
+    """Compile one case and print its plan summary with what it costs; write the plan JSON with -o."""
     from shardscope.case import parse_overrides, resolve_case
     from shardscope.topology import parse_mesh_arg, with_slices
 
@@ -145,11 +158,14 @@ def dump_command(
             check_writable(output, "-o")
         if csv is not None:
             check_writable(csv / "tensors.csv", "--csv")
+        from shardscope.cost.price import check_pricing, price_plan
+
+        check_pricing(case.topology.name, case.mesh, hardware, efficiency)
         from shardscope.api import plan_resolved_case
         from shardscope.report.terminal import plan_summary
 
         _quiet_compiler_logs()
-        plan = plan_resolved_case(case, tensors_only, use_cache=not no_cache)
+        plan = price_plan(plan_resolved_case(case, tensors_only, use_cache=not no_cache), hardware, efficiency)
     except ShardscopeError as err:
         fail(err)
     if csv is not None:
@@ -279,8 +295,12 @@ def diff_command(
     new: Annotated[Path, typer.Argument(help="The plan after (JSON).")],
     html: HtmlOption = None,
     markdown: MarkdownOption = None,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Semantic diff of two plans. Exit 0 when they mean the same, 1 when they differ."""
+    """Semantic diff of two plans, with what the change costs per step. Exit 0 when they mean the same,
+    1 when they differ."""
     from shardscope.diff import diff_plans
     from shardscope.plan import load_plan
     from shardscope.report.diff_terminal import diff_renderable
@@ -291,10 +311,15 @@ def diff_command(
                 from shardscope.atomic import check_writable
 
                 check_writable(report, "report")
-        diff = diff_plans(load_plan(old), load_plan(new))
+        diff = diff_plans(load_plan(old), load_plan(new), hardware=hardware, efficiency=efficiency)
     except ShardscopeError as err:
         fail(err)
-    make_console().print(diff_renderable(diff))
+    if as_json:
+        from shardscope.diff import diff_to_json
+
+        typer.echo(json.dumps(diff_to_json(diff), indent=2, sort_keys=True))
+    else:
+        make_console().print(diff_renderable(diff))
     _write_reports([diff], html, markdown)
     raise typer.Exit(0 if diff.same else 1)
 

@@ -23,7 +23,7 @@ from shardscope.plan import Plan, check_schema, load_plan, plan_to_json
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
-_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name")
+_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency")
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 
@@ -37,6 +37,8 @@ class GoldenCase:
     mesh: str = ""  # as --mesh takes it
     settings: tuple[str, ...] = ()  # as --set takes them
     name: str = ""  # file stem; the preset when empty
+    hardware: str | None = None  # the TPU generation a cpu-N plan is priced on (TPU topologies: their own)
+    efficiency: float | None = None  # fraction of link bandwidth collectives reach; None: the table's
 
     @property
     def stem(self) -> str:
@@ -71,7 +73,13 @@ def load_manifest(root: Path) -> tuple[GoldenCase, ...]:
         raise ShardscopeError(f"{path}: malformed YAML{where}") from None
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
         raise ShardscopeError(f"{path}: expected a mapping with a 'cases' list")
-    cases = tuple(_parse_case(item, path, index) for index, item in enumerate(data["cases"]))
+    unknown = sorted(str(key) for key in data if key not in ("cases", "hardware"))
+    if unknown:
+        raise ShardscopeError(f"{path}: {unknown_name('key', unknown[0], ('cases', 'hardware')).args[0]}")
+    default_hardware = data.get("hardware")
+    if default_hardware is not None and not isinstance(default_hardware, str):
+        raise ShardscopeError(f"{path}: 'hardware' must be a TPU generation name such as v5p")
+    cases = tuple(_parse_case(item, path, index, default_hardware) for index, item in enumerate(data["cases"]))
     seen: dict[str, int] = {}
     for index, case in enumerate(cases):
         if case.case_id in seen:
@@ -80,7 +88,7 @@ def load_manifest(root: Path) -> tuple[GoldenCase, ...]:
     return cases
 
 
-def _parse_case(item: Any, path: Path, index: int) -> GoldenCase:
+def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None = None) -> GoldenCase:
     where = f"{path}: cases[{index}]"
     if not isinstance(item, dict):
         raise ShardscopeError(f"{where} must be a mapping like {{model: deepseek-tiny, preset: default}}")
@@ -92,13 +100,21 @@ def _parse_case(item: Any, path: Path, index: int) -> GoldenCase:
     settings = item.get("set", [])
     if isinstance(settings, str):
         settings = [settings]
+    efficiency = item.get("efficiency")
+    if efficiency is not None and (isinstance(efficiency, bool) or not isinstance(efficiency, int | float)):
+        raise ShardscopeError(f"{where}: 'efficiency' must be a number in (0, 1], found {efficiency!r}")
+    topology = str(item.get("topology", "cpu-8"))
+    # The manifest's hardware prices the CPU cases; a TPU case prices as its own topology unless it names one.
+    hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
     case = GoldenCase(
         model=str(item["model"]),
         preset=str(item["preset"]),
-        topology=str(item.get("topology", "cpu-8")),
+        topology=topology,
         mesh=str(item.get("mesh", "")),
         settings=tuple(str(s) for s in settings),
         name=str(item.get("name", "")),
+        hardware=None if hardware is None else str(hardware),
+        efficiency=None if efficiency is None else float(efficiency),
     )
     if case.preset.endswith((".yaml", ".yml")):
         # A project's own rule file, relative to the golden directory; its golden needs a name.

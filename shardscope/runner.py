@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from shardscope.cache import case_key, load_plan_text, store
 from shardscope.case import Case, parse_overrides, resolve_case
+from shardscope.cost.price import check_pricing, price_plan, target_for
 from shardscope.golden import GoldenCase
+from shardscope.plan import plan_from_json, plan_to_json
 from shardscope.topology import parse_mesh_arg
 
 
@@ -28,10 +30,23 @@ class DumpResult:
 
 
 def resolve_golden_case(case: GoldenCase) -> Case:
-    """Validates a golden case like `dump` validates its arguments (raises ShardscopeError)."""
-    return resolve_case(
+    """Validates a golden case like `dump` validates its arguments, pricing included (raises ShardscopeError)."""
+    resolved = resolve_case(
         case.model, case.preset, case.topology, parse_mesh_arg(case.mesh), parse_overrides(case.settings)
     )
+    check_pricing(resolved.topology.name, resolved.mesh, case.hardware, case.efficiency)
+    return resolved
+
+
+def priced(case: GoldenCase, plan_json: str) -> str:
+    """A case's plan JSON with its `estimate` section (a TPU case, or one that names its hardware).
+
+    The plan cache holds plans unpriced, so a change of hardware table or efficiency never needs a compile.
+    """
+    if case.hardware is None and target_for(case.topology, None) is None:
+        return plan_json
+    plan = plan_from_json(plan_json, case.case_id)
+    return plan_to_json(price_plan(plan, case.hardware, case.efficiency))
 
 
 def _start_worker(devices: int) -> None:
@@ -82,14 +97,17 @@ def dump_cases(cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True) -
     for index, key in enumerate(keys):
         cached = load_plan_text(key) if key is not None else None
         if cached is not None:
-            yield DumpResult(cases[index], cached)
+            yield DumpResult(cases[index], priced(cases[index], cached))
         else:
             pending.append(index)
     for result in _compile_cases([cases[i] for i in pending], [resolved[i] for i in pending], jobs):
         key = keys[cases.index(result.case)]
-        if key is not None and result.plan_json is not None:
+        if result.plan_json is None:
+            yield result
+            continue
+        if key is not None:
             store(key, result.plan_json)
-        yield result
+        yield DumpResult(result.case, priced(result.case, result.plan_json))
 
 
 def _compile_cases(cases: Sequence[GoldenCase], resolved: Sequence[Case], jobs: int) -> Iterator[DumpResult]:

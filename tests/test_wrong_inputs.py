@@ -99,6 +99,21 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("update", "--golden", "golden", "deepseek-tiny/cpu-8/defualt"), "did you mean"),
     # explain
     (("explain", "--preset", "default", "embed", "embed"), "more than once"),
+    # pricing
+    (("dump", "deepseek-tiny", "--hardware", "v5q"), "did you mean 'v5p'"),
+    (
+        ("dump", "deepseek-tiny", "--topology", "cpu-6", "--mesh", "fsdp=-1,expert=2", "--hardware", "v5p"),
+        "6 devices are not a standard v5p slice",
+    ),
+    (
+        ("dump", "deepseek-tiny", "--topology", "cpu-512", "--mesh", "fsdp=-1,expert=2", "--hardware", "v5e"),
+        "512 devices are not a standard v5e slice",
+    ),
+    (("dump", "deepseek-tiny", "--efficiency", "0.5"), "priced only with --hardware"),
+    (("dump", "deepseek-tiny", "--hardware", "v5p", "--efficiency", "1.5"), "must be in (0, 1]"),
+    (("diff", "existing.json", "existing.json", "--hardware", "v9"), "unknown hardware 'v9'"),
+    (("diff", "existing.json", "existing.json", "--hardware", "v5e", "--efficiency", "0"), "must be in (0, 1]"),
+    (("check", "--golden", "priced"), "did you mean 'v5p'"),
     # HLO files
     (("collectives", "junk.txt"), "junk.txt"),
     (("collectives", "absent.txt"), "cannot read"),
@@ -123,12 +138,35 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     (tmp_path / "golden").mkdir()
     (tmp_path / "golden" / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: default}\n")
+    (tmp_path / "priced").mkdir()
+    (tmp_path / "priced" / "cases.yaml").write_text(
+        "hardware: v5q\ncases:\n  - {model: deepseek-tiny, preset: default}\n"
+    )
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ("generations:\n  v5p: {peak_bf16_flops: 4.59e14}\n", "entry 'v5p' is missing hbm_bytes"),
+        ("generations:\n  v5p: [1\n", "malformed YAML at line"),
+        ("- v5p\n", "expected a mapping with 'efficiency' and 'generations'"),
+    ],
+)
+def test_a_broken_hardware_table_of_ones_own(table, fragment, workdir, monkeypatch, capsys):
+    (workdir / "tpus.yaml").write_text(table)
+    monkeypatch.setenv("SHARDSCOPE_HARDWARE_TABLE", str(workdir / "tpus.yaml"))
+    monkeypatch.setattr(sys, "argv", ["shardscope", "dump", "deepseek-tiny", "--hardware", "v5p"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "tpus.yaml" in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_catalogue_is_long():

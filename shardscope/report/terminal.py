@@ -103,7 +103,7 @@ def traffic_tables(rows: Sequence[CollectiveRow]) -> Group:
 
 
 def plan_summary(plan: Plan) -> Group:
-    """The `dump` summary: case, tensors per kind, memory, and collective traffic."""
+    """The `dump` summary: case, tensors per kind, memory, collective traffic, and what it costs if priced."""
     case = plan.case
     mesh = mesh_label(case.mesh)
     header = Text.assemble(
@@ -118,14 +118,21 @@ def plan_summary(plan: Plan) -> Group:
     kinds.add_column("bytes / device", justify="right")
     for kind, count, size in bytes_by_kind(plan):
         kinds.add_row(kind, str(count), human_bytes(size))
+    parts: list = [header, Text(""), kinds, Text("")]
     if not plan.holds("collectives"):
-        return Group(header, Text(""), kinds, Text(""), Text("tensors only (no compile): no collectives or memory"))
-    memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
-    memory.add_column("")
-    memory.add_column("bytes / device", justify="right")
-    for name, size in plan.memory:
-        memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
-    return Group(header, Text(""), kinds, Text(""), memory, Text(""), traffic_tables(plan.collectives))
+        parts.append(Text("tensors only (no compile): no collectives or memory"))
+    else:
+        memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
+        memory.add_column("")
+        memory.add_column("bytes / device", justify="right")
+        for name, size in plan.memory:
+            memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
+        parts += [memory, Text(""), traffic_tables(plan.collectives)]
+    if plan.estimate is not None:
+        from shardscope.report.estimate_terminal import estimate_renderable
+
+        parts += [Text(""), estimate_renderable(plan.estimate)]
+    return Group(*parts)
 
 
 def explain_renderable(
