@@ -23,7 +23,7 @@ from shardscope.plan import Plan, check_schema, load_plan, plan_to_json
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
-_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency")
+_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency", "step")
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 
@@ -39,6 +39,7 @@ class GoldenCase:
     name: str = ""  # file stem; the preset when empty
     hardware: str | None = None  # the TPU generation a cpu-N plan is priced on (TPU topologies: their own)
     efficiency: float | None = None  # fraction of link bandwidth collectives reach; None: the table's
+    step: str = ""  # a program of one's own (`module:function`, see shardscope.step); model is then its name
 
     @property
     def stem(self) -> str:
@@ -95,8 +96,10 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
     for key in item:
         if key not in _CASE_KEYS:
             raise ShardscopeError(f"{where}: {unknown_name('key', str(key), _CASE_KEYS).args[0]}")
+    if "step" in item:
+        return _parse_step_case(item, path, where, default_hardware)
     if "model" not in item or "preset" not in item:
-        raise ShardscopeError(f"{where}: needs 'model' and 'preset'")
+        raise ShardscopeError(f"{where}: needs 'model' and 'preset' (or 'step' and 'name')")
     settings = item.get("set", [])
     if isinstance(settings, str):
         settings = [settings]
@@ -125,6 +128,38 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
             case, preset=str(preset_path if preset_path.is_absolute() else path.parent / preset_path)
         )
     for part in (case.model, case.topology, case.stem):
+        if not _NAME.fullmatch(part):
+            raise ShardscopeError(f"{where}: {part!r} cannot be part of a golden path")
+    return case
+
+
+def _parse_step_case(item: dict[str, Any], path: Path, where: str, default_hardware: str | None) -> GoldenCase:
+    """`{step: module:function, name: my-step}`: a program of one's own; its golden is <name>/<topology>/step.json.
+
+    A step given as a file (`steps/train.py:make_step`) is found relative to the golden directory, as preset
+    files are; a module (`my_pkg.steps:make_step`) is imported from the working directory.
+    """
+    extra = sorted(set(item) - {"step", "name", "topology", "hardware", "efficiency"})
+    if extra:
+        raise ShardscopeError(f"{where}: a step case brings its own mesh and shardings; {extra[0]!r} does not apply")
+    if not item.get("name"):
+        raise ShardscopeError(f"{where}: a step case needs a 'name' for its golden")
+    step = str(item["step"])
+    module, sep, function = step.rpartition(":")
+    if sep and module.endswith(".py") and not Path(module).is_absolute():
+        step = f"{path.parent / module}:{function}"
+    topology = str(item.get("topology", "cpu-8"))
+    hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
+    efficiency = item.get("efficiency")
+    case = GoldenCase(
+        model=str(item["name"]),
+        preset="step",
+        topology=topology,
+        step=step,
+        hardware=None if hardware is None else str(hardware),
+        efficiency=None if efficiency is None else float(efficiency),
+    )
+    for part in (case.model, case.topology):
         if not _NAME.fullmatch(part):
             raise ShardscopeError(f"{where}: {part!r} cannot be part of a golden path")
     return case

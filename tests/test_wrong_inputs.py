@@ -19,6 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "golden" / "deepseek-tiny" / "cpu-8"
 
 # Files each case starts with (relative to its working directory).
+STEP_FILES = {
+    "steps_bad.py": (
+        "import jax\n"
+        "import numpy as np\n"
+        "def returns_int(devices):\n    return 3\n"
+        "def raises(devices):\n    raise ValueError('no such layer')\n"
+        "def not_jitted(devices):\n"
+        "    return (lambda x: x), (), jax.sharding.Mesh(np.array(devices), ('data',))\n"
+        "def small_mesh(devices):\n"
+        "    return jax.jit(lambda x: x), (), jax.sharding.Mesh(np.array(devices[:2]), ('data',))\n"
+    ),
+    "steps_broken.py": "undefined_name\n",
+}
+
 PRESET_FILES = {
     "bad.yaml": "mesh_axes: [fsdp\n",
     "unknown_key.yaml": "mesh_axes: [fsdp]\nlogical_axis_rule: []\n",
@@ -114,6 +128,19 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("diff", "existing.json", "existing.json", "--hardware", "v9"), "unknown hardware 'v9'"),
     (("diff", "existing.json", "existing.json", "--hardware", "v5e", "--efficiency", "0"), "must be in (0, 1]"),
     (("check", "--golden", "priced"), "did you mean 'v5p'"),
+    # programs of one's own (--step)
+    (("dump", "--step", "steps_bad.py"), "expected module:function"),
+    (("dump", "--step", "no_such_pkg.steps:make_step"), "cannot import no_such_pkg.steps (ModuleNotFoundError"),
+    (("dump", "--step", "absent.py:make_step"), "file absent.py does not exist"),
+    (("dump", "--step", "steps_bad.py:nothing"), "has no attribute 'nothing'"),
+    (("dump", "--step", "steps_bad.py:returns_int"), "must return (jitted step, args, mesh), returned an int"),
+    (("dump", "--step", "steps_bad.py:raises"), "raises raised ValueError: no such layer"),
+    (("dump", "--step", "steps_bad.py:not_jitted"), "is not jitted"),
+    (("dump", "--step", "steps_bad.py:small_mesh"), "its mesh has 2 devices but the topology has 8"),
+    (("dump", "--step", "steps_broken.py:make_step"), "cannot import steps_broken.py (NameError"),
+    (("dump", "deepseek-tiny", "--step", "steps_bad.py:raises"), "a model name or --step"),
+    (("dump", "--step", "steps_bad.py:raises", "--preset", "ep-as-cp"), "--preset does not apply"),
+    (("dump",), "a model name or --step"),
     # HLO files
     (("collectives", "junk.txt"), "junk.txt"),
     (("collectives", "absent.txt"), "cannot read"),
@@ -128,7 +155,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
     """A directory holding an earlier plan, a corrupt and a newer-schema plan, preset files and a golden set."""
-    for name, text in PRESET_FILES.items():
+    for name, text in {**PRESET_FILES, **STEP_FILES}.items():
         (tmp_path / name).write_text(text)
     shutil.copy(GOLDEN / "default.json", tmp_path / "existing.json")
     (tmp_path / "corrupt.json").write_text("{not json")

@@ -180,6 +180,10 @@ def frame_table(frame: Any, title: str = "") -> FitToWidth:
             return "-"
         if column in _BYTE_COLUMNS:
             return human_bytes(int(value))
+        if column == "time_s":
+            from shardscope.report.estimate_text import human_seconds
+
+            return human_seconds(float(value))
         if column == "share":
             return f"{100 * float(value):.0f}%"
         if isinstance(value, tuple):
@@ -189,7 +193,7 @@ def frame_table(frame: Any, title: str = "") -> FitToWidth:
     def build(width: int) -> Table:
         table = Table(title=title or None, title_justify="left", show_edge=False)
         for column in frame.columns:
-            numeric = column in _BYTE_COLUMNS or column in ("share", "rows", "count", "loop_trips")
+            numeric = column in _BYTE_COLUMNS or column in ("share", "rows", "count", "loop_trips", "time_s")
             table.add_column(str(column), justify="right" if numeric else "left", overflow="fold")
         for record in frame.itertuples(index=False):
             table.add_row(*(cell(str(c), v) for c, v in zip(frame.columns, record, strict=True)))
