@@ -12,6 +12,8 @@ def human_seconds(seconds: float | None) -> str:
     """0.0123 → "12.3 ms"; three significant digits from ns to s."""
     if seconds is None:
         return "?"
+    if seconds == 0:
+        return "0 s"
     value = abs(seconds)
     sign = "-" if seconds < 0 else ""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
