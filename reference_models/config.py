@@ -54,6 +54,9 @@ class DecoderConfig:
     per_device_batch: float = 1.0
     global_batch: int = 0
     dtype: str = "float32"  # activation dtype; parameters are float32
+    # MaxText's `remat_policy`: "full" recomputes each layer in the backward pass (its default), "none"
+    # keeps every activation.
+    remat: str = "full"
     rope_theta: float = 10000.0
     norm_epsilon: float = 1e-6
 

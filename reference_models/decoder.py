@@ -69,8 +69,11 @@ class Decoder(nn.Module):
             if main and context is not None and context.pipeline is not None and not self.is_initializing():
                 x = self._pipelined(x, stack, context)
                 continue
+            # MaxText's default `remat_policy: full`: each layer saves only its input and recomputes the rest
+            # in the backward pass (which is where its gathers run a second time).
+            layer = nn.remat(stack.layer, prevent_cse=False) if cfg.remat == "full" else stack.layer
             scanned = nn.scan(
-                stack.layer,
+                layer,
                 variable_axes={"params": PARAM_SCAN_AXIS},
                 split_rngs={"params": True},
                 length=stack.length,

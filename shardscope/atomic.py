@@ -24,3 +24,22 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: Path, what: str = "output") -> None:
+    """Fails early (before any compile) when `path` cannot be written: a directory, or under a file.
+
+    Raises:
+      ShardscopeError: with what is in the way.
+    """
+    from shardscope.errors import ShardscopeError
+
+    if path.is_dir():
+        raise ShardscopeError(f"{what} {path} is a directory; give a file name, e.g. {path / 'plan.json'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ShardscopeError(f"{what} {path}: {parent} is a file, not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ShardscopeError(f"{what} {path}: cannot write in {parent} (permission denied)")
+            return

@@ -15,25 +15,80 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="See where every tensor of a sharded JAX model lives and what the devices say to each other.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        typer.echo(f"shardscope {metadata.version('shardscope')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """See where every tensor of a sharded JAX model lives and what the devices say to each other."""
+
 
 MeshOption = Annotated[
     str | None, typer.Option("--mesh", help="Mesh axis sizes, e.g. fsdp=4,expert=2 (-1 fills the remaining devices).")
 ]
 PresetOption = Annotated[str, typer.Option("--preset", "-p", help="Built-in preset name or path to a preset YAML.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of tables.")]
+OutputOption = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the plan JSON here (- for standard output).")
+]
+HardwareOption = Annotated[
+    str | None,
+    typer.Option(
+        "--hardware",
+        help="Price the plan on a TPU generation (v4, v5e, v5p, v6e, tpu7x); TPU topologies price as themselves.",
+    ),
+]
+EfficiencyOption = Annotated[
+    float | None,
+    typer.Option("--efficiency", help="Fraction of link bandwidth collectives reach (default: the hardware table's)."),
+]
 
 
-def _fail(err: ShardscopeError) -> NoReturn:
+def write_output(plan, output: Path | None) -> bool:
+    """Writes a plan's JSON to `output` (atomically); True when that was standard output, which then carries
+    nothing else."""
+    from shardscope.plan import plan_to_json
+
+    if output is None:
+        return False
+    if str(output) == "-":
+        typer.echo(plan_to_json(plan), nl=False)
+        return True
+    from shardscope.atomic import write_atomic
+
+    write_atomic(output, plan_to_json(plan))
+    return False
+
+
+def fail(err: ShardscopeError) -> NoReturn:
     typer.echo(f"shardscope: error: {err}", err=True)
     raise typer.Exit(2)
 
 
-def _console():
+def make_console():
     from rich.console import Console
 
-    # Plans have long paths: never narrower than 160 columns, even when piped.
-    return Console(soft_wrap=False, width=max(160, Console().width))
+    # The terminal's own width; tables fold long cells to fit it. Piped output (no terminal to measure) is
+    # 200 columns, so that whole paths stay on one line for grep, unless COLUMNS says otherwise.
+    console = Console(soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=False, width=200)
+    return console
 
 
 def _quiet_compiler_logs() -> None:
@@ -43,14 +98,48 @@ def _quiet_compiler_logs() -> None:
 
 
 @app.command("list")
-def list_command() -> None:
-    """Models, presets and topologies shardscope knows."""
+def list_command(as_json: JsonOption = False) -> None:
+    """Models, presets, topologies and hardware shardscope knows."""
     from rich.table import Table
+    from rich.text import Text
 
     from reference_models import MODELS
+    from shardscope.cost.hardware import known_hardware
     from shardscope.presets import builtin_preset_names, get_preset
+    from shardscope.tpu import known_tpu_names, libtpu_version, parse_tpu_slice
 
-    console = _console()
+    if as_json:
+        data = {
+            "models": {
+                name: {
+                    "family": cfg.family,
+                    "layers": cfg.num_layers,
+                    "dense_layers": cfg.first_dense_layers,
+                    "experts": cfg.num_experts,
+                    "experts_per_token": cfg.num_experts_per_token,
+                    "embed": cfg.embed_dim,
+                    "seq_len": cfg.seq_len,
+                }
+                for name, cfg in MODELS.items()
+            },
+            "presets": {
+                name: {
+                    "moe": (p := get_preset(name)).moe,
+                    "shard_mode": p.shard_mode,
+                    "mesh": dict(p.mesh),
+                    "origin": p.origin,
+                    "description": p.description,
+                }
+                for name in builtin_preset_names()
+            },
+            "topologies": {name: parse_tpu_slice(name).num_devices for name in known_tpu_names()},
+            "libtpu": libtpu_version(),
+            "hardware": known_hardware(),
+        }
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+
+    console = make_console()
     models = Table(title="Models", title_justify="left", show_edge=False)
     for column in ("name", "family", "layers", "experts (top-k)", "embed", "seq"):
         models.add_column(column)
@@ -75,18 +164,20 @@ def list_command() -> None:
     topologies.add_column("name")
     topologies.add_column("devices")
     topologies.add_row("cpu-N", "N fake CPU devices (default cpu-8; e.g. cpu-256 for real model shapes)")
-    from shardscope.tpu import known_tpu_names, libtpu_version, parse_tpu_slice
-
     installed = libtpu_version()
     for name in known_tpu_names():
         note = f"{parse_tpu_slice(name).num_devices} TPU devices"
-        topologies.add_row(name, note if installed else f"{note} (needs: pip install 'shardscope[tpu]')")
-    console.print(models, "", presets, "", topologies)
+        needs = Text(f"{note} (needs: pip install 'shardscope[tpu]')")  # Text: `[tpu]` is not markup
+        topologies.add_row(name, note if installed else needs)
+    hardware = Text(f"hardware (--hardware): {', '.join(known_hardware())}")
+    console.print(models, "", presets, "", topologies, "", hardware)
 
 
 @app.command("dump")
 def dump_command(
-    model: Annotated[str, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`).")],
+    model: Annotated[
+        str | None, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`); or use --step.")
+    ] = None,
     preset: PresetOption = "default",
     topology: Annotated[str, typer.Option("--topology", "-t", help="cpu-N (N fake CPU devices).")] = "cpu-8",
     mesh: MeshOption = None,
@@ -95,44 +186,116 @@ def dump_command(
         list[str] | None,
         typer.Option("--set", help="Override a setting: moe=ring, pipeline.microbatches=4, model.seq_len=64."),
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the plan JSON here.")] = None,
+    output: OutputOption = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Also write tensors.csv and collectives.csv into this directory.")
+    ] = None,
+    as_json: JsonOption = False,
     tensors_only: Annotated[
         bool,
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
     ] = False,
+    no_cache: NoCacheOption = False,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step",
+            help="Your own program: module:function returning (jitted step, args, mesh); see the README.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The plan's name for --step (default: the function's).")
+    ] = None,
 ) -> None:
-    """Compile one case and print its plan summary; write the plan JSON with -o."""
+    """Compile one case and print its plan summary with what it costs; write the plan JSON with -o."""
     from shardscope.case import parse_overrides, resolve_case
     from shardscope.topology import parse_mesh_arg, with_slices
 
+    case = None
     try:
         topology = with_slices(topology, slices)
-        case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
-        _quiet_compiler_logs()
-        from shardscope.topology import configure_devices
+        _check_model_or_step(model, step, preset, mesh, settings, tensors_only)
+        if step is None:
+            assert model is not None
+            case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
+        from shardscope.atomic import check_writable
 
-        configure_devices(case.topology)
-        from shardscope.atomic import write_atomic
-        from shardscope.extract import plan_case
-        from shardscope.plan import plan_to_json
+        if output is not None and str(output) != "-":
+            check_writable(output, "-o")
+        if csv is not None:
+            check_writable(csv / "tensors.csv", "--csv")
+        from shardscope.cost.price import check_pricing, price_plan
+
+        if case is not None:
+            check_pricing(case.topology.name, case.mesh, hardware, efficiency)
+        from shardscope.api import plan_resolved_case
         from shardscope.report.terminal import plan_summary
 
-        plan = plan_case(case, tensors_only=tensors_only)
+        _quiet_compiler_logs()
+        if step is not None:
+            from shardscope.step import parse_step_ref, plan_step_ref
+            from shardscope.topology import get_topology
+
+            ref = parse_step_ref(step)
+            plan = price_plan(plan_step_ref(ref, get_topology(topology), name), hardware, efficiency)
+        else:
+            assert case is not None
+            plan = price_plan(plan_resolved_case(case, tensors_only, use_cache=not no_cache), hardware, efficiency)
     except ShardscopeError as err:
-        _fail(err)
-    console = _console()
+        fail(err)
+    if csv is not None:
+        from shardscope.atomic import write_atomic
+
+        write_atomic(csv / "tensors.csv", plan.tensors_frame().to_csv(index=False))
+        write_atomic(csv / "collectives.csv", plan.collectives_frame().to_csv(index=False))
+    if write_output(plan, output):
+        return
+    if as_json:
+        from shardscope.plan import plan_to_json
+
+        typer.echo(plan_to_json(plan), nl=False)
+        return
+    console = make_console()
     console.print(plan_summary(plan))
     from shardscope.presets import absent_rule_axes
 
-    absent = absent_rule_axes(case.preset)
+    absent = absent_rule_axes(case.preset) if case is not None else ()
     if absent:
         console.print(
             f"note: the rules name mesh axes that mesh_axes lacks ({', '.join(absent)}): size 1, as MaxText "
             "treats them, so they shard nothing"
         )
-    if output is not None:
-        write_atomic(output, plan_to_json(plan))
-        console.print(f"plan written to {output}")
+    for label, path in (("plan", output), ("tables", csv)):
+        if path is not None:
+            console.print(f"{label} written to {path}")
+
+
+def _check_model_or_step(
+    model: str | None,
+    step: str | None,
+    preset: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    tensors_only: bool,
+) -> None:
+    """A reference model or --step, never both; a step brings its own mesh and shardings."""
+    if (model is None) == (step is None):
+        raise ShardscopeError("dump needs a model name or --step module:function (one of them)")
+    if step is not None:
+        given = [
+            option
+            for option, value in (
+                ("--preset", preset != "default"),
+                ("--mesh", mesh),
+                ("--set", settings),
+                ("--tensors-only", tensors_only),
+            )
+            if value
+        ]
+        if given:
+            raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")
 
 
 @app.command("explain")
@@ -151,13 +314,13 @@ def explain_command(
         resolved = get_preset(preset)
         explanation = explain_axes(resolved, axes, parse_mesh_arg(mesh or ""))
     except ShardscopeError as err:
-        _fail(err)
+        fail(err)
     if as_json:
         typer.echo(json.dumps(explanation.to_json(), indent=2, sort_keys=True))
         return
     from shardscope.report.terminal import explain_renderable
 
-    _console().print(
+    make_console().print(
         explain_renderable(explanation.logical, explanation.decisions, resolved.logical_axis_rules, explanation.notes)
     )
 
@@ -190,7 +353,7 @@ def collectives_command(
         if layout is not None:
             check_mesh(parsed, layout)
     except ShardscopeError as err:
-        _fail(err)
+        fail(err)
     from shardscope.collectives import collective_rows
 
     rows = collective_rows(parsed)
@@ -204,7 +367,7 @@ def collectives_command(
         return
     from shardscope.report.terminal import collectives_table, traffic_tables
 
-    console = _console()
+    console = make_console()
     console.print(collectives_table(rows), "", traffic_tables(rows))
     for unknown in parsed.unknown:
         console.print(f"[yellow]not understood:[/] {unknown.op} (line {unknown.line})")
@@ -247,9 +410,13 @@ HtmlOption = Annotated[Path | None, typer.Option("--html", help="Write a self-co
 MarkdownOption = Annotated[Path | None, typer.Option("--markdown", help="Write a Markdown summary (for a PR comment).")]
 GoldenOption = Annotated[Path, typer.Option("--golden", help="Golden directory (with cases.yaml).")]
 JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes (default: one per core).")]
+NoCacheOption = Annotated[
+    bool, typer.Option("--no-cache", help="Compile every case, even those whose inputs are all unchanged.")
+]
 
 
 def _write_reports(diffs, html: Path | None, markdown: Path | None) -> None:
+    """The diff command's reports: one HTML page, and the Markdown of each diff."""
     from shardscope.atomic import write_atomic
     from shardscope.report.html import render_html_many
     from shardscope.report.markdown import render_markdown
@@ -266,29 +433,52 @@ def diff_command(
     new: Annotated[Path, typer.Argument(help="The plan after (JSON).")],
     html: HtmlOption = None,
     markdown: MarkdownOption = None,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Semantic diff of two plans. Exit 0 when they mean the same, 1 when they differ."""
+    """Semantic diff of two plans, with what the change costs per step. Exit 0 when they mean the same,
+    1 when they differ."""
     from shardscope.diff import diff_plans
-    from shardscope.golden import load_golden
+    from shardscope.plan import load_plan
     from shardscope.report.diff_terminal import diff_renderable
 
     try:
-        diff = diff_plans(load_golden(old), load_golden(new))
+        for report in (html, markdown):
+            if report is not None:
+                from shardscope.atomic import check_writable
+
+                check_writable(report, "report")
+        diff = diff_plans(load_plan(old), load_plan(new), hardware=hardware, efficiency=efficiency)
     except ShardscopeError as err:
-        _fail(err)
-    _console().print(diff_renderable(diff))
+        fail(err)
+    if as_json:
+        from shardscope.diff import diff_to_json
+
+        typer.echo(json.dumps(diff_to_json(diff), indent=2, sort_keys=True))
+    else:
+        make_console().print(diff_renderable(diff))
     _write_reports([diff], html, markdown)
     raise typer.Exit(0 if diff.same else 1)
 
 
 def _run_with_progress(run, cases, label: str):
+    """Runs `run(tick)`, showing "label i/N elapsed" on a terminal; quiet when output is not a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(
-        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_console(), transient=True
-    ) as progress:
-        task = progress.add_task(label, total=len(cases))
-        return run(lambda result: progress.advance(task))
+    console = make_console()
+    if not console.is_terminal:
+        return run(lambda result: None)
+    columns = (
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("", total=len(cases))
+        return run(lambda result: progress.update(task, advance=1, description=result.case.case_id))
 
 
 @app.command("check")
@@ -297,34 +487,71 @@ def check_command(
     html: HtmlOption = None,
     markdown: MarkdownOption = None,
     jobs: JobsOption = 0,
+    require_all: Annotated[
+        bool,
+        typer.Option("--require-all", help="Fail when a case cannot be checked here (a TPU case without libtpu)."),
+    ] = False,
+    no_cache: NoCacheOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Re-dump every golden case and diff it. Exit 0 all same, 1 any changed/missing/orphaned, 2 bad input."""
-    from shardscope.check import check_goldens
+    from rich.text import Text
+
+    from shardscope.check import check_goldens, check_summary
     from shardscope.golden import load_manifest
     from shardscope.report.diff_terminal import diff_renderable
     from shardscope.runner import default_jobs
 
     try:
         cases = load_manifest(golden)
+        for report in (html, markdown):
+            if report is not None:
+                from shardscope.atomic import check_writable
+
+                check_writable(report, "report")
         outcomes = _run_with_progress(
-            lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick), cases, "checking"
+            lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick, not no_cache), cases, "checking"
         )
     except ShardscopeError as err:
-        _fail(err)
-    console = _console()
-    changed = [o.diff for o in outcomes if o.status == "changed" and o.diff is not None]
-    # With nothing changed the report still says so, case by case.
-    reported = changed or [o.diff for o in outcomes if o.diff is not None]
-    for outcome in outcomes:
-        if outcome.status == "changed" and outcome.diff is not None:
-            console.print(f"[bold]{outcome.case_id}[/] changed:")
-            console.print(diff_renderable(outcome.diff))
-    console.print(_outcome_table(outcomes))
-    if reported:
-        _write_reports(reported, html, markdown)
+        fail(err)
+    summary = check_summary(outcomes, golden)
+    if as_json:
+        from shardscope.check import outcome_to_json
+
+        data = {
+            "summary": summary.line,
+            "failed": summary.failed(require_all),
+            "hints": list(summary.hints),
+            "cases": [outcome_to_json(o) for o in outcomes],
+        }
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        console = make_console()
+        for outcome in outcomes:
+            if outcome.status == "changed" and outcome.diff is not None:
+                console.print(f"[bold]{outcome.case_id}[/] changed:")
+                console.print(diff_renderable(outcome.diff))
+        console.print(_outcome_table(outcomes))
+        console.print(Text(summary.line, "bold red" if summary.failed(require_all) else "bold green"))
+        for hint in summary.hints:
+            console.print(Text(hint))
+    if html is not None:
+        from shardscope.atomic import write_atomic
+        from shardscope.check import outcome_diff
+        from shardscope.report.html import render_html_many
+
+        changed = [o.diff for o in outcomes if o.status == "changed" and o.diff is not None]
+        # With nothing changed the report still says so, case by case.
+        same = [d for o in outcomes if o.status == "same" and (d := outcome_diff(o)) is not None]
+        write_atomic(html, render_html_many(changed or same))
+    if markdown is not None:
+        from shardscope.atomic import write_atomic
+        from shardscope.report.markdown import render_check_markdown
+
+        write_atomic(markdown, render_check_markdown(outcomes, summary))
     if any(o.status == "error" for o in outcomes):
         raise typer.Exit(2)
-    raise typer.Exit(0 if all(o.status == "same" for o in outcomes) else 1)
+    raise typer.Exit(1 if summary.failed(require_all) else 0)
 
 
 @app.command("update")
@@ -332,6 +559,8 @@ def update_command(
     cases_wanted: Annotated[list[str] | None, typer.Argument(metavar="[CASE]...", help="model/topology/name")] = None,
     golden: GoldenOption = Path("golden"),
     jobs: JobsOption = 0,
+    no_cache: NoCacheOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Regenerate goldens (all, or the named cases); every write is atomic."""
     from shardscope.check import update_goldens
@@ -342,20 +571,28 @@ def update_command(
         all_cases = load_manifest(golden)
         chosen = select_cases(all_cases, cases_wanted or [])
         outcomes = _run_with_progress(
-            lambda tick: update_goldens(golden, chosen, jobs or default_jobs(), tick), chosen, "updating"
+            lambda tick: update_goldens(golden, chosen, jobs or default_jobs(), tick, not no_cache), chosen, "updating"
         )
     except ShardscopeError as err:
-        _fail(err)
-    console = _console()
-    console.print(_outcome_table(outcomes))
-    for orphan in orphan_goldens(golden, all_cases):
-        console.print(f"[yellow]orphaned golden (no case owns it):[/] {orphan}")
+        fail(err)
+    orphans = orphan_goldens(golden, all_cases)
+    if as_json:
+        from shardscope.check import outcome_to_json
+
+        data = {"cases": [outcome_to_json(o) for o in outcomes], "orphans": [str(p) for p in orphans]}
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        console = make_console()
+        console.print(_outcome_table(outcomes))
+        for orphan in orphans:
+            console.print(f"[yellow]orphaned golden (no case owns it):[/] {orphan}")
     if any(o.status == "error" for o in outcomes):
         raise typer.Exit(2)
 
 
 def _outcome_table(outcomes):
     from rich.table import Table
+    from rich.text import Text
 
     styles = {"same": "green", "unchanged": "green", "created": "cyan", "updated": "cyan"}
     table = Table(show_edge=False)
@@ -368,15 +605,34 @@ def _outcome_table(outcomes):
             for change in outcome.diff.changes:
                 kinds[change.kind] = kinds.get(change.kind, 0) + 1
             detail = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in sorted(kinds.items()))
-        style = styles.get(outcome.status, "red")
-        table.add_row(outcome.case_id, f"[{style}]{outcome.status}[/]", detail)
+        style = styles.get(outcome.status, "yellow" if outcome.status == "skipped" else "red")
+        # Text, not markup: a detail like "pip install 'shardscope[tpu]'" must print as written.
+        table.add_row(Text(outcome.case_id), Text(outcome.status, style), Text(detail))
     return table
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: a usage mistake (an unknown option, a missing argument) is one line and
+    exit 2, like every other wrong input."""
+    try:
+        code = app(prog_name="shardscope", standalone_mode=False)
+    except typer.TyperException as err:
+        format_message = getattr(err, "format_message", None)
+        message = format_message() if callable(format_message) else str(err)
+        context = getattr(err, "ctx", None)
+        command = getattr(context, "command_path", None) or "shardscope"
+        if message.strip():
+            typer.echo(f"shardscope: error: {message.rstrip('.')} (see {command} --help)", err=True)
+        raise SystemExit(getattr(err, "exit_code", 2)) from None
+    except typer.Abort:
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
+
+# The commands defined in their own modules register themselves on `app` when imported.
+from shardscope.commands import compare as _compare  # noqa: E402,F401
+from shardscope.commands import maxtext as _maxtext  # noqa: E402,F401
+from shardscope.commands import table as _table  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

@@ -21,8 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from reference_models.config import DecoderConfig
 from reference_models.decoder import Transformer, next_token_loss
 from reference_models.sharding import ActivationRecord, PipelineSettings, ShardingContext, sharding_context
-from shardscope.case import Case
-from shardscope.errors import ShardingError
+from shardscope.case import Case, compiler_options_for
+from shardscope.errors import CompileError, ShardingError
 from shardscope.rules import Spec, drop_unit_axes, indivisible_dims, resolve_logical
 from shardscope.topology import build_mesh
 
@@ -50,6 +50,18 @@ class LoweredStep:
     abstract: AbstractState
     lowered: Any
     activations: tuple[ActivationRecord, ...]
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """The forward pass traced (not lowered) on the case's mesh: every activation placement, and the
+    train step's declared outputs."""
+
+    case: Case
+    mesh: jax.sharding.Mesh
+    abstract: AbstractState
+    activations: tuple[ActivationRecord, ...]
+    out_info: Any  # (state, {"loss": …}) of ShapeDtypeStruct with the step's out_shardings
 
 
 @dataclass(frozen=True)
@@ -144,17 +156,24 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh) -> AbstractState:
     return AbstractState(placed, batch, state_shardings, batch_shardings, logical)
 
 
+def make_loss(case: Case):
+    """The forward pass and next-token loss: (params, batch) → loss."""
+    model = Transformer(case.model)
+
+    def loss_of(params, batch):
+        logits: Any = model.apply({"params": params}, batch["tokens"])
+        return next_token_loss(logits, batch["targets"])
+
+    return loss_of
+
+
 def make_train_step(case: Case):
     """Forward, next-token loss, gradients and an AdamW update: the step that gets sharded."""
-    model = Transformer(case.model)
+    loss_of = make_loss(case)
     optimizer = make_optimizer()
 
     def train_step(state, batch):
-        def loss_of(params):
-            logits: Any = model.apply({"params": params}, batch["tokens"])
-            return next_token_loss(logits, batch["targets"])
-
-        loss, grads = jax.value_and_grad(loss_of)(state["params"])
+        loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt_state": opt_state}, {"loss": loss}
@@ -185,17 +204,25 @@ def pipeline_settings(case: Case) -> PipelineSettings | None:
     return PipelineSettings(stage_axis=pipeline.stages_axis, microbatches=pipeline.microbatches)
 
 
-def compiler_options_for(case: Case) -> dict[str, Any]:
-    """CPU options that leave the partitioned program (shardings, collectives) unchanged and compile faster.
+def trace_case(case: Case) -> TracedStep:
+    """Every tensor's sharding without lowering or compiling: the forward pass traced under the case's rules.
 
-    LLVM optimisation level 0 and XLA's classic loop emitters instead of its newer fusion emitters change
-    only how fused loops become machine code; together they cut a tiny model's compile to about a third.
-    The one thing they move is the temp buffer size, by well under the diff's temp tolerance (0.3% on
-    deepseek-tiny); the options are recorded in each plan's provenance.
+    Parameters, optimizer state and inputs are placed by the rules before any trace; activations are
+    recorded as the forward pass is traced (the backward pass places none of its own); the step's outputs
+    are what it declares (its out_shardings, which the compiled program keeps).
+
+    Raises:
+      ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
+      MeshError: the mesh needs more devices than this process has.
     """
-    if case.topology.platform != "cpu":
-        return {}
-    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    mesh = build_mesh(case.topology, case.mesh, explicit=case.preset.shard_mode == "explicit")
+    abstract = abstract_state(case, mesh)
+    forward = jax.jit(make_loss(case), in_shardings=(abstract.state_shardings["params"], abstract.batch_shardings))
+    context = sharding_context_for(case, mesh)
+    with sharding_context(context), jax.set_mesh(mesh):
+        forward.trace(abstract.state["params"], abstract.batch)
+    loss = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    return TracedStep(case, mesh, abstract, tuple(context.records), (abstract.state, {"loss": loss}))
 
 
 def lower_case(case: Case) -> LoweredStep:
@@ -230,5 +257,16 @@ def compile_case(case: Case) -> CompiledStep:
     """
     step = lower_case(case)
     options = compiler_options_for(case)
-    compiled = step.lowered.compile(compiler_options=options)
+    try:
+        compiled = step.lowered.compile(compiler_options=options)
+    except jax.errors.JaxRuntimeError as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "RESOURCE_EXHAUSTED" not in message:
+            raise
+        # The TPU compiler refuses a program whose buffers exceed a device's memory.
+        raise CompileError(
+            f"{case.model_name} on {case.topology.name}: the compiler cannot fit the step in device memory "
+            f"({message.removeprefix('RESOURCE_EXHAUSTED: ')}); lower --set model.per_device_batch=…, use more "
+            "devices, or plan shardings alone with --tensors-only"
+        ) from None
     return CompiledStep(case, step.mesh, step.abstract, step.lowered, compiled, step.activations, options)

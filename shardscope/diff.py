@@ -15,9 +15,13 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from shardscope.cost.estimate import Estimate
+from shardscope.errors import ShardscopeError
 from shardscope.plan import PASSES, CaseRecord, CollectiveRow, Plan, TensorRecord
 from shardscope.rules import SpecEntry
 from shardscope.summary import TrafficTotals, axes_label, bytes_by_kind, traffic_totals
+from shardscope.topology import format_mesh as mesh_text
+from shardscope.topology import mesh_label
 
 # `temp_bytes` is the scratch space XLA's buffer assignment chose; it depends on fusion and scheduling
 # heuristics that may read the host (CPU features, thread count), so it can differ slightly between two
@@ -29,7 +33,9 @@ TOLERANT_MEMORY_FIELDS = ("temp_bytes",)
 TENSOR_KINDS = ("tensor_removed", "tensor_added", "tensor_changed", "spec_changed")
 COLLECTIVE_KINDS = ("collective_removed", "collective_added", "collective_changed")
 # Every kind of change, in report order; "extra_changed" covers unknown top-level plan fields.
-CHANGE_KINDS = ("case", "extra_changed", "memory_changed", *TENSOR_KINDS, *COLLECTIVE_KINDS)
+CHANGE_KINDS = ("case", "extra_changed", "memory_changed", "compute_changed", *TENSOR_KINDS, *COLLECTIVE_KINDS)
+# Compiled work figures that follow fusion decisions, compared with the temp_bytes tolerance.
+TOLERANT_COMPUTE_FIELDS = ("bytes_accessed",)
 
 # The identity of a collective row: (op, axes, groups, dtype, shape, pass, source, shift).
 CollectiveKey = tuple[str, tuple[str, ...] | None, str | None, str, tuple[int, ...], str, str, int | None]
@@ -104,6 +110,10 @@ class PlanDiff:
     # Shown to explain a diff (a new JAX version), never compared.
     provenance_before: tuple[tuple[str, Any], ...] = field(default=())
     provenance_after: tuple[tuple[str, Any], ...] = field(default=())
+    # Both plans priced on one target (`shardscope.cost.price`), or None when neither has one; shown, and
+    # never part of the verdict: an estimate is derived from what is compared above.
+    cost_before: Estimate | None = None
+    cost_after: Estimate | None = None
 
     @property
     def same(self) -> bool:
@@ -113,6 +123,18 @@ class PlanDiff:
     def of_kind(self, *kinds: str) -> tuple[Change, ...]:
         """The changes of the given kinds, in diff order."""
         return tuple(c for c in self.changes if c.kind in kinds)
+
+    def tensor_changes_frame(self) -> Any:
+        """The tensor changes as a pandas DataFrame (see `shardscope.tables.tensor_changes_frame`)."""
+        from shardscope.tables import tensor_changes_frame
+
+        return tensor_changes_frame(self)
+
+    def collective_changes_frame(self) -> Any:
+        """The collective changes as a pandas DataFrame (see `shardscope.tables.collective_changes_frame`)."""
+        from shardscope.tables import collective_changes_frame
+
+        return collective_changes_frame(self)
 
 
 def spec_axes(entry: SpecEntry) -> tuple[str, ...]:
@@ -128,23 +150,6 @@ def unit_axes(old: CaseRecord, new: CaseRecord) -> frozenset[str]:
     sizes_old, sizes_new = dict(old.mesh), dict(new.mesh)
     names = sizes_old.keys() | sizes_new.keys()
     return frozenset(a for a in names if sizes_old.get(a, 1) == 1 and sizes_new.get(a, 1) == 1)
-
-
-def mesh_text(mesh: Iterable[tuple[str, int]]) -> str:
-    """The mesh as the CLI spells it: data=1,fsdp=4,expert=2 (order matters: it places devices)."""
-    return ",".join(f"{axis}={size}" for axis, size in mesh)
-
-
-def mesh_label(mesh: Iterable[tuple[str, int]]) -> str:
-    """The mesh for a reader: the axes that split devices, then how many axes have size 1.
-
-    MaxText's default mesh has twelve axes, most of them of size 1 on any one run:
-    "fsdp=4,expert=2 (+10 axes of size 1)".
-    """
-    axes = tuple(mesh)
-    shown = ",".join(f"{axis}={size}" for axis, size in axes if size != 1) or "one device"
-    idle = sum(1 for _, size in axes if size == 1)
-    return shown + (f" (+{idle} {'axis' if idle == 1 else 'axes'} of size 1)" if idle else "")
 
 
 def _jsonable(value: Any) -> Any:
@@ -361,12 +366,14 @@ def within_tolerance(before: int, after: int, tolerance: float) -> bool:
     return abs(after - before) <= tolerance * max(abs(before), abs(after))
 
 
-def _diff_memory(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], list[str]]:
-    before, after = dict(old.memory), dict(new.memory)
-    exact = [f"root[{name!r}]" for name in TOLERANT_MEMORY_FIELDS if name in before and name in after]
-    changes = _root_changes("memory_changed", before, after, exclude_paths=exact)
+def _diff_figures(
+    kind: str, before: dict[str, int], after: dict[str, int], tolerant: Sequence[str], tolerance: float
+) -> tuple[list[Change], list[str]]:
+    """Changes of a flat dict of compiler figures, those in `tolerant` allowed to move within `tolerance`."""
+    exact = [f"root[{name!r}]" for name in tolerant if name in before and name in after]
+    changes = _root_changes(kind, before, after, exclude_paths=exact)
     notes = []
-    for name in TOLERANT_MEMORY_FIELDS:
+    for name in tolerant:
         if name not in before or name not in after or before[name] == after[name]:
             continue
         move = after[name] - before[name]
@@ -374,17 +381,73 @@ def _diff_memory(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], 
         if within_tolerance(before[name], after[name], tolerance):
             notes.append(f"{name} moved by {move:+d} B ({relative:+.2%}), within the {tolerance:.0%} tolerance")
         else:
-            changes.append(Change("memory_changed", name, before[name], after[name]))
+            changes.append(Change(kind, name, before[name], after[name]))
     return sorted(changes, key=lambda c: c.subject), notes
 
 
-def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOLERANCE) -> PlanDiff:
-    """Compares two plans by meaning; provenance is never part of the verdict.
+def _diff_memory(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], list[str]]:
+    return _diff_figures("memory_changed", dict(old.memory), dict(new.memory), TOLERANT_MEMORY_FIELDS, tolerance)
+
+
+def _diff_compute(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], list[str]]:
+    # A plan written before work figures were recorded has none: nothing to compare, not a change.
+    if not old.compute or not new.compute:
+        return [], []
+    return _diff_figures("compute_changed", dict(old.compute), dict(new.compute), TOLERANT_COMPUTE_FIELDS, tolerance)
+
+
+def price_pair(
+    old: Plan, new: Plan, hardware: str | None = None, efficiency: float | None = None
+) -> tuple[Estimate | None, Estimate | None, list[str]]:
+    """Both plans priced on one target, so their times compare: `hardware` if named, else the generation
+    either plan was priced on (the new one first), else each TPU plan's own topology.
+
+    Raises:
+      ShardscopeError: a named `hardware` the plans cannot be priced on (unknown, or a mesh that is no
+        slice of it). Without one, a side that cannot be priced is left out with a note.
+    """
+    from shardscope.cost.price import price_plan
+
+    chosen = hardware
+    if chosen is None:
+        priced = [plan.estimate for plan in (new, old) if plan.estimate is not None]
+        if priced:
+            chosen = priced[0].hardware
+            if efficiency is None and priced[0].efficiency_source == "caller":
+                efficiency = priced[0].efficiency
+    sides: list[Estimate | None] = []
+    notes: list[str] = []
+    for name, plan in (("old", old), ("new", new)):
+        try:
+            sides.append(price_plan(plan, chosen, efficiency).estimate)
+        except ShardscopeError as err:
+            if hardware is not None:
+                raise
+            sides.append(None)
+            notes.append(f"the {name} plan is not priced: {err}")
+    if chosen is None and (sides[0] is None) != (sides[1] is None):
+        # One TPU plan and one CPU plan: price the CPU side as the TPU side's generation.
+        target = (sides[0] or sides[1]).hardware  # type: ignore[union-attr]
+        return price_pair(old, new, target, efficiency)
+    return sides[0], sides[1], notes
+
+
+def diff_plans(
+    old: Plan,
+    new: Plan,
+    *,
+    temp_tolerance: float = DEFAULT_TEMP_TOLERANCE,
+    hardware: str | None = None,
+    efficiency: float | None = None,
+) -> PlanDiff:
+    """Compares two plans by meaning; provenance and estimates are never part of the verdict.
 
     Args:
       old: the baseline (a golden, the plan before a change).
       new: the candidate.
-      temp_tolerance: relative move of `temp_bytes` that is not a change (see DEFAULT_TEMP_TOLERANCE).
+      temp_tolerance: relative move of `temp_bytes` (and `bytes_accessed`) that is not a change (see
+        DEFAULT_TEMP_TOLERANCE).
+      hardware, efficiency: price both plans on this TPU generation (see `price_pair`).
 
     Returns:
       A PlanDiff whose changes are ordered case, extra, memory, tensors (by path), collectives (by
@@ -398,6 +461,10 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
     notes: list[str] = []
     if "memory" in shared:
         memory_changes, notes = _diff_memory(old, new, temp_tolerance)
+    compute_changes, compute_notes = _diff_compute(old, new, temp_tolerance)
+    notes += compute_notes
+    cost_before, cost_after, cost_notes = price_pair(old, new, hardware, efficiency)
+    notes += cost_notes
     missing = [part for part in ("collectives", "memory") if part not in shared]
     if missing:
         holder = "both plans hold" if not ({*old.parts, *new.parts} - {"tensors"}) else "one plan holds"
@@ -410,7 +477,7 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
     return PlanDiff(
         old_case=old.case,
         new_case=new.case,
-        changes=tuple(changes + memory_changes + tensor_changes + collective_changes),
+        changes=tuple(changes + memory_changes + compute_changes + tensor_changes + collective_changes),
         totals_before=traffic_totals(kept_rows[0]),
         totals_after=traffic_totals(kept_rows[1]),
         memory_before=old.memory if "memory" in shared else (),
@@ -423,6 +490,8 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
         notes=tuple(notes),
         provenance_before=old.provenance,
         provenance_after=new.provenance,
+        cost_before=cost_before,
+        cost_after=cost_after,
     )
 
 
@@ -462,3 +531,54 @@ def group_tensor_changes(changes: Iterable[Change]) -> tuple[TensorGroup, ...]:
                 break
     folded = {path for paths in mirrors.values() for path in paths}
     return tuple(TensorGroup(c, tuple(mirrors.get(c.subject, ()))) for c in tensor_changes if c.subject not in folded)
+
+
+def diff_to_json(diff: PlanDiff) -> dict[str, Any]:
+    """A diff as plain JSON data: the verdict, the notes, every change (with its per-dimension and per-field
+    details) and the traffic totals before and after."""
+
+    def detail(d: Detail) -> dict[str, Any]:
+        if isinstance(d, DimChange):
+            return {
+                "dim": d.dim,
+                "logical": d.logical,
+                "before": _jsonable(d.before),
+                "after": _jsonable(d.after),
+                "axes_added": list(d.axes_added),
+                "axes_dropped": list(d.axes_dropped),
+            }
+        return {"field": d.field, "before": _jsonable(d.before), "after": _jsonable(d.after)}
+
+    def totals(t: TrafficTotals) -> dict[str, Any]:
+        return {"total": t.total, "by_axes": dict(t.by_axes), "by_op": dict(t.by_op), "by_pass": dict(t.by_pass)}
+
+    def cost(estimate: Estimate | None) -> dict[str, Any] | None:
+        if estimate is None:
+            return None
+        from shardscope.cost.estimate_json import estimate_to_json
+
+        # The per-row times stay in the plans' own estimates; a diff carries the totals.
+        return {k: v for k, v in estimate_to_json(estimate).items() if k not in ("rows", "cross_slice")}
+
+    return {
+        "same": diff.same,
+        "cost_before": cost(diff.cost_before),
+        "cost_after": cost(diff.cost_after),
+        "old": case_dict(diff.old_case),
+        "new": case_dict(diff.new_case),
+        "notes": list(diff.notes),
+        "changes": [
+            {
+                "kind": c.kind,
+                "subject": c.subject,
+                "before": _jsonable(c.before),
+                "after": _jsonable(c.after),
+                "details": [detail(d) for d in c.details],
+            }
+            for c in diff.changes
+        ],
+        "traffic_before": totals(diff.totals_before),
+        "traffic_after": totals(diff.totals_after),
+        "unchanged_tensors": len(diff.unchanged_tensors),
+        "unchanged_collectives": len(diff.unchanged_collectives),
+    }

@@ -26,6 +26,10 @@ class ShardingError(ShardscopeError):
     """A tensor dimension that its mesh axes do not divide."""
 
 
+class CompileError(ShardscopeError):
+    """A case the compiler refuses for a reason the user can change (it does not fit in device memory)."""
+
+
 class PlanError(ShardscopeError):
     """A plan or golden file that is corrupt or of a newer schema."""
 

@@ -3,19 +3,17 @@ collectives (from the compiled HLO) and memory (from the compiler's memory analy
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from reference_models.sharding import ActivationRecord, is_explicit
 from shardscope.case import Case
 from shardscope.collectives import extract_collectives
-from shardscope.compile import CompiledStep, LoweredStep, compile_case, lower_case, path_of
-from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord
-from shardscope.rules import Spec, normalize_entry, shard_shape
+from shardscope.compile import CompiledStep, TracedStep, compile_case, path_of, trace_case
+from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord, tensor_record
+from shardscope.rules import Spec, normalize_entry
 from shardscope.topology import DCN_AXIS
 from shardscope.tpu import libtpu_version
 
@@ -26,24 +24,7 @@ def normalize_spec(spec: Any, ndim: int) -> Spec:
     return entries + (None,) * (ndim - len(entries))
 
 
-def tensor_record(
-    kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
-) -> TensorRecord:
-    """A tensor's record, with its per-device shard shape and bytes."""
-    local = shard_shape(shape, spec, mesh)
-    itemsize = np.dtype(dtype).itemsize
-    return TensorRecord(
-        kind=kind,
-        shape=tuple(int(d) for d in shape),
-        dtype=str(np.dtype(dtype)),
-        logical=tuple(logical) if logical is not None else None,
-        spec=spec,
-        shard_shape=local,
-        bytes_per_device=math.prod(local) * itemsize,
-    )
-
-
-def _state_tensors(step: CompiledStep | LoweredStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:
+def _state_tensors(step: CompiledStep | TracedStep, mesh: dict[str, int]) -> dict[str, TensorRecord]:
     tensors: dict[str, TensorRecord] = {}
     abstract = step.abstract
     leaves = jax.tree_util.tree_flatten_with_path(abstract.state)[0]
@@ -76,16 +57,20 @@ def _activation_tensors(records: Sequence[ActivationRecord], mesh: dict[str, int
 
 
 def _output_tensors(
-    stage: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]]
+    out_info: Any, mesh: dict[str, int], logical: dict[str, tuple[str | None, ...]], train_step: bool
 ) -> dict[str, TensorRecord]:
-    """The shardings the program returns: the compiled program's own, or the lowered one's (as requested)."""
+    """The shardings the program returns: the compiled program's own, or the lowered one's (as requested).
+
+    A train step returns (state, metrics), whose parts have distinct names, so its tuple index is left out
+    of a tensor's name; any other function's outputs keep it (`(params, grads)` with the same keys are
+    `outputs/0/w` and `outputs/1/w`), and a lone value is `outputs`.
+    """
     tensors: dict[str, TensorRecord] = {}
-    out_info = stage.out_info  # built afresh on every access: read it once
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(out_info)[0]:
-        # A train step returns (state, metrics): its tuple index is not part of a tensor's name.
-        path = path_of(key_path[1:] if isinstance(out_info, tuple) else key_path)
+        path = path_of(key_path[1:] if train_step and isinstance(out_info, tuple) else key_path)
         spec = normalize_spec(leaf.sharding.spec, len(leaf.shape))
-        tensors[f"outputs/{path}"] = tensor_record("output", leaf.shape, leaf.dtype, logical.get(path), spec, mesh)
+        name = f"outputs/{path}" if path else "outputs"
+        tensors[name] = tensor_record("output", leaf.shape, leaf.dtype, logical.get(path), spec, mesh)
     return tensors
 
 
@@ -160,12 +145,12 @@ def _case_record(case: Case) -> CaseRecord:
     )
 
 
-def _step_tensors(step: CompiledStep | LoweredStep, stage: Any) -> tuple[tuple[str, TensorRecord], ...]:
-    """Every tensor of a traced step, sorted by path; outputs as `stage` (lowered or compiled) returns them."""
+def _step_tensors(step: CompiledStep | TracedStep, out_info: Any) -> tuple[tuple[str, TensorRecord], ...]:
+    """Every tensor of a traced step, sorted by path; its outputs as `out_info` describes them."""
     mesh = step.case.mesh_sizes
     tensors = _state_tensors(step, mesh)
     tensors.update(_activation_tensors(step.activations, mesh))
-    tensors.update(_output_tensors(stage, mesh, step.abstract.logical))
+    tensors.update(_output_tensors(out_info, mesh, step.abstract.logical, train_step=True))
     return tuple(sorted(tensors.items()))
 
 
@@ -175,20 +160,20 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     return Plan(
         case=_case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
-        tensors=_step_tensors(step, step.compiled),
+        tensors=_step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
         collectives=extract_collectives(hlo_text, slice_mesh(case)),
         memory=_memory(step.compiled),
         schema=SCHEMA,
     )
 
 
-def extract_tensors_plan(step: LoweredStep) -> Plan:
-    """The tensors-only plan of a lowered step: every tensor's sharding, no collectives or memory."""
+def extract_tensors_plan(step: TracedStep) -> Plan:
+    """The tensors-only plan of a traced step: every tensor's sharding, no collectives or memory."""
     case = step.case
     return Plan(
         case=_case_record(case),
         provenance=provenance(case.topology.platform, {}),
-        tensors=_step_tensors(step, step.lowered),
+        tensors=_step_tensors(step, step.out_info),
         schema=SCHEMA,
         parts=TENSORS_ONLY,
     )
@@ -197,7 +182,7 @@ def extract_tensors_plan(step: LoweredStep) -> Plan:
 def plan_case(case: Case, tensors_only: bool = False) -> Plan:
     """The whole `dump` pipeline after validation: lower (and unless `tensors_only`, compile) and extract."""
     if tensors_only:
-        return extract_tensors_plan(lower_case(case))
+        return extract_tensors_plan(trace_case(case))
     step = compile_case(case)
     return extract_plan(step, step.compiled.as_text())
 
@@ -210,7 +195,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
     """
     sizes = {str(axis): int(size) for axis, size in mesh.shape.items()}
     tensors = _input_tensors(compiled, sizes)
-    tensors.update(_output_tensors(compiled, sizes, {}))
+    tensors.update(_output_tensors(compiled.out_info, sizes, {}, train_step=False))
     explicit = is_explicit(mesh)
     devices = mesh.devices.flat[0]
     return Plan(

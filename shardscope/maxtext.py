@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from shardscope.errors import ShardscopeError
-from shardscope.rules import Spec, normalize_entry
+from shardscope.plan import TENSORS_ONLY, CaseRecord, Plan, TensorRecord, tensor_record
+from shardscope.rules import Spec, drop_unit_axes, normalize_entry
 
 DUMP_FILES = ("named_shardings.json", "logical_shardings.json", "input_shardings.json")
 _KEY_PART = re.compile(r"\['([^']*)'\]|\[(\d+)\]|\.(\w+)")
@@ -198,3 +199,45 @@ def equivalent_mesh_and_settings(case: DumpCase, mesh_axes: tuple[str, ...]) -> 
         elif key == "use_ring_of_experts" and value.lower() == "true":
             settings["moe"] = "ring"
     return mesh, settings
+
+
+def dump_to_plan(directory: Path) -> Plan:
+    """A MaxText dump as a tensors-only plan: its train state (parameters and optimizer state, float32 as
+    MaxText's dump runs them) and its activations (`activations/<file>/<name>`), specs without mesh axes
+    of size 1, as plans write them. The case comes from the directory's path.
+
+    Raises:
+      ShardscopeError: the directory is not a readable MaxText dump.
+    """
+    dump = read_dump(directory)
+    case = parse_dump_path(directory)
+    sizes = dict(dump.mesh)
+    tensors: dict[str, TensorRecord] = {}
+    for t in dump.tensors:
+        if t.path == "step":
+            continue  # the train state's step counter: a scalar no sharding rule touches
+        kind = "param" if t.path.startswith("params/") else "opt_state"
+        dtype = "int32" if t.path.endswith("/count") else "float32"
+        tensors[t.path] = tensor_record(kind, t.shape, dtype, t.logical, drop_unit_axes(t.spec, sizes), sizes)
+    for a in dump.activations:
+        base = f"activations/{a.module_file}/{a.name}"
+        spec = drop_unit_axes(a.spec + (None,) * (len(a.shape) - len(a.spec)), sizes)  # P() may leave dims out
+        record = tensor_record("activation", a.shape, a.dtype, a.logical, spec, sizes)
+        path, suffix = base, 1
+        while path in tensors and tensors[path] != record:
+            suffix += 1
+            path = f"{base}#{suffix}"
+        tensors[path] = record
+    return Plan(
+        case=CaseRecord(
+            model=case.model,
+            preset=case.rule,
+            topology=case.topology if case.slices == 1 else f"{case.slices}x{case.topology}",
+            mesh=dump.mesh,
+            axis_types="auto",
+            overrides=case.overrides,
+        ),
+        provenance=(("source", "maxtext sharding dump"), ("directory", str(directory))),
+        tensors=tuple(sorted(tensors.items())),
+        parts=TENSORS_ONLY,
+    )

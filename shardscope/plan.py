@@ -7,11 +7,17 @@ No JAX objects live here. `plan_to_json` is canonical (sorted keys, indent 2, tr
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from shardscope.errors import PlanError
-from shardscope.rules import Spec, SpecEntry
+from shardscope.rules import Spec, SpecEntry, shard_shape
+
+if TYPE_CHECKING:
+    from shardscope.cost.estimate import Estimate
 
 SCHEMA = "shardscope.plan/1"
 SCHEMA_FAMILY = "shardscope.plan/"
@@ -83,6 +89,12 @@ class Plan:
     schema: str = SCHEMA
     extra: tuple[tuple[str, Any], ...] = field(default=())  # unknown top-level keys, kept on round-trip
     parts: tuple[str, ...] = PARTS
+    # Per-device work of the compiled step ("flops", "bytes_accessed"; see `shardscope.hlo.work`); empty in
+    # plans that were not compiled or were written before it was recorded.
+    compute: tuple[tuple[str, int], ...] = ()
+    # What the plan costs on a target TPU (`shardscope.cost.price_plan`): derived from the fields above and a
+    # hardware table, so diffs re-price both sides rather than compare it.
+    estimate: Estimate | None = None
 
     @property
     def tensor_map(self) -> dict[str, TensorRecord]:
@@ -92,6 +104,37 @@ class Plan:
     def holds(self, part: str) -> bool:
         """Whether the plan holds `part` ("collectives" and "memory" need a compile)."""
         return part in self.parts
+
+    def tensors_frame(self) -> Any:
+        """Every tensor as a pandas DataFrame row (see `shardscope.tables.tensors_frame`)."""
+        from shardscope.tables import tensors_frame
+
+        return tensors_frame(self)
+
+    def collectives_frame(self) -> Any:
+        """Every collective row as a pandas DataFrame row (see `shardscope.tables.collectives_frame`)."""
+        from shardscope.tables import collectives_frame
+
+        return collectives_frame(self)
+
+
+def tensor_record(
+    kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
+) -> TensorRecord:
+    """A tensor's record, with its per-device shard shape and bytes (ceil division: XLA pads uneven shards)."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
+    import numpy as np
+
+    local = shard_shape(shape, spec, mesh)
+    return TensorRecord(
+        kind=kind,
+        shape=tuple(int(d) for d in shape),
+        dtype=str(np.dtype(dtype)),
+        logical=tuple(logical) if logical is not None else None,
+        spec=spec,
+        shard_shape=local,
+        bytes_per_device=math.prod(local) * np.dtype(dtype).itemsize,
+    )
 
 
 def _spec_to_json(spec: Spec) -> list[Any]:
@@ -162,6 +205,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     )
     if plan.parts != PARTS:
         data["parts"] = list(plan.parts)
+    if plan.compute:
+        data["compute"] = dict(plan.compute)
+    if plan.estimate is not None:
+        from shardscope.cost.estimate_json import estimate_to_json
+
+        data["estimate"] = estimate_to_json(plan.estimate)
     return data
 
 
@@ -248,12 +297,23 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         memory = tuple(sorted((str(k), int(v)) for k, v in _require(data, "memory", dict, source).items()))
         provenance = tuple(sorted(_require(data, "provenance", dict, source).items()))
         parts = tuple(str(part) for part in data.get("parts", PARTS))
+        compute = tuple(sorted((str(k), int(v)) for k, v in data.get("compute", {}).items()))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PlanError(f"{source}: corrupt plan ({type(err).__name__}: {err})") from None
     unknown_parts = [part for part in parts if part not in PARTS]
     if unknown_parts or "tensors" not in parts:
         raise PlanError(f"{source}: corrupt plan (parts {list(parts)}, expected some of {list(PARTS)} with tensors)")
-    known = {"schema", "case", "provenance", "tensors", "collectives", "memory", "parts"}
+    estimate = None
+    if data.get("estimate") is not None:
+        from shardscope.cost.estimate_json import estimate_from_json
+
+        estimate = estimate_from_json(data["estimate"], f"{source}: estimate")
+        if len(estimate.rows) != len(collectives):
+            raise PlanError(
+                f"{source}: corrupt plan (estimate prices {len(estimate.rows)} collective rows, "
+                f"the plan has {len(collectives)})"
+            )
+    known = {"schema", "case", "provenance", "tensors", "collectives", "memory", "parts", "compute", "estimate"}
     extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
     return Plan(
         case=case,
@@ -264,6 +324,8 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         schema=str(data["schema"]),
         extra=extra,
         parts=tuple(part for part in PARTS if part in parts),
+        compute=compute,
+        estimate=estimate,
     )
 
 
@@ -278,3 +340,22 @@ def plan_from_json(text: str, source: str = "plan") -> Plan:
     except json.JSONDecodeError as err:
         raise PlanError(f"{source}: corrupt plan (invalid JSON at line {err.lineno}: {err.msg})") from None
     return plan_from_dict(data, source)
+
+
+def load_plan(path: Path, what: str = "plan") -> Plan:
+    """Reads a plan file.
+
+    Raises:
+      PlanError: missing, unreadable, corrupt, or written by a newer shardscope.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"{what} file {path} does not exist") from None
+    except IsADirectoryError:
+        raise PlanError(f"{what} file {path} is a directory") from None
+    except OSError as err:
+        raise PlanError(f"cannot read {what} file {path} ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not a shardscope plan (not UTF-8 text)") from None
+    return plan_from_json(text, str(path))

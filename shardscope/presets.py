@@ -14,6 +14,7 @@ first `activation_length` rule, else `context`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,18 @@ def _parse_rules(value: Any, source: str) -> tuple[Rule, ...]:
     for index, item in enumerate(value):
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
             raise _fail(source, f"logical_axis_rules[{index}] must be [logical_name, mesh_axes], found {item!r}")
-        rules.append((item[0], _as_axes(item[1], source, f"logical_axis_rules[{index}]")))
+        where = f"logical_axis_rules[{index}] [{item[0]}, ...]"
+        axes = _as_axes(item[1], source, where)
+        _check_no_repeat(axes, source, where)
+        rules.append((item[0], axes))
     return tuple(rules)
+
+
+def _check_no_repeat(axes: tuple[str, ...], source: str, where: str) -> None:
+    """A mesh axis can shard a dimension (or appear in a mesh) once."""
+    repeated = sorted({axis for axis in axes if axes.count(axis) > 1})
+    if repeated:
+        raise _fail(source, f"{where} names mesh axis {repeated[0]!r} more than once ({list(axes)})")
 
 
 def _parse_mesh(value: Any, source: str) -> tuple[tuple[str, int], ...]:
@@ -137,12 +148,13 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
     known = MAXTEXT_KEYS + OWN_KEYS
     for key in data:
         if key not in known:
-            raise _fail(source, f"{unknown_name('key', str(key), known).args[0].removeprefix('unknown ')}")
+            raise _fail(source, unknown_name("key", str(key), known).args[0])
     if "mesh_axes" not in data:
         raise _fail(source, "missing required key 'mesh_axes' (e.g. mesh_axes: ['data', 'fsdp', 'expert'])")
     mesh_axes = _as_axes(data["mesh_axes"], source, "mesh_axes")
     if not mesh_axes:
         raise _fail(source, "mesh_axes must name at least one axis")
+    _check_no_repeat(mesh_axes, source, "mesh_axes")
     raw_sharding = data.get("data_sharding", [list(mesh_axes)])
     if not isinstance(raw_sharding, list):
         raise _fail(source, f"data_sharding must be a list of axis lists, found {raw_sharding!r}")
@@ -212,8 +224,15 @@ def load_preset_file(path: Path, name: str | None = None) -> Preset:
         text = path.read_text()
     except OSError as err:
         raise _fail(source, f"cannot read file ({err.strerror})") from None
+    return _preset_from_text(text, name or path.stem, source)
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_from_text(text: str, name: str, source: str) -> Preset:
+    """Parses and validates a preset (cached by its text: a check resolves every case's preset twice)."""
     try:
-        data = yaml.safe_load(text)
+        # libyaml's loader when PyYAML has it: MaxText's base rules take ~40 ms to parse in pure Python.
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -221,7 +240,7 @@ def load_preset_file(path: Path, name: str | None = None) -> Preset:
         raise _fail(source, f"malformed YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise _fail(source, f"expected a YAML mapping of preset keys, found {type(data).__name__}")
-    return preset_from_mapping(data, name or path.stem, source)
+    return preset_from_mapping(data, name, source)
 
 
 def builtin_preset_names() -> tuple[str, ...]:

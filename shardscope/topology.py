@@ -69,6 +69,12 @@ def get_topology(name: str) -> Topology:
     raise unknown_name("topology", name, ["cpu-8", "cpu-N", *known_tpu_names(), "KxTPU (e.g. 2xv5p-16)"])
 
 
+def needs_libtpu(name: str) -> bool:
+    """Whether a topology name compiles for TPU (`v5p-16`, `2xv5p-16`), which needs the TPU extra."""
+    slices = _SLICES.fullmatch(name)
+    return is_tpu_name(slices.group(2) if slices else name)
+
+
 def with_slices(topology: str, slices: int) -> str:
     """The topology name `--slices K` stands for: K copies of a TPU slice (`2xv5p-16`)."""
     if slices == 1:
@@ -134,9 +140,21 @@ def resolve_mesh(preset: Preset, num_devices: int, overrides: Mapping[str, int])
 
 
 def format_mesh(sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
-    """`data=1,fsdp=4,expert=2`."""
+    """The mesh as the CLI spells it: `data=1,fsdp=4,expert=2` (order matters: it places devices)."""
     items = sizes.items() if isinstance(sizes, Mapping) else sizes
     return ",".join(f"{axis}={size}" for axis, size in items)
+
+
+def mesh_label(mesh: Mapping[str, int] | Sequence[tuple[str, int]]) -> str:
+    """The mesh for a reader: the axes that split devices, then how many axes have size 1.
+
+    MaxText's default mesh has twelve axes, most of them of size 1 on any one run:
+    "fsdp=4,expert=2 (+10 axes of size 1)".
+    """
+    axes = tuple(mesh.items() if isinstance(mesh, Mapping) else mesh)
+    shown = ",".join(f"{axis}={size}" for axis, size in axes if size != 1) or "one device"
+    idle = sum(1 for _, size in axes if size == 1)
+    return shown + (f" (+{idle} {'axis' if idle == 1 else 'axes'} of size 1)" if idle else "")
 
 
 def configure_devices(topology: Topology) -> None:

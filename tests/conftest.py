@@ -4,8 +4,11 @@ cache so each tiny case is compiled once per session."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The tests' plan cache is their own, never the user's (~/.cache/shardscope).
+os.environ["SHARDSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardscope-test-cache-")
 
 import jax
 import pytest

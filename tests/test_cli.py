@@ -39,7 +39,7 @@ def assert_user_error(result, *fragments: str) -> None:
         (("dump", "deepseek-tiny", "--topology", "cpu8"), ("unknown topology 'cpu8'", "did you mean 'cpu-8'")),
         (("dump", "deepseek-tiny", "--mesh", "fsdp=3,expert=2"), ("uses 6 devices but the topology has 8",)),
         (("dump", "deepseek-tiny", "--preset", "ep-as-cp", "--mesh", "tensor=2"), ("missing mesh axis", "'tensor'")),
-        (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), ("expected a value like 32",)),
+        (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), ("expected a positive integer",)),
         (("dump", "deepseek-tiny", "--set", "moe=ragged"), ("moe must be one of all_to_all, ring",)),
         (("dump", "deepseek-tiny", "--set", "mo=ring"), ("unknown setting 'mo'", "did you mean 'moe'")),
         (("explain", "--preset", "nope", "embed"), ("unknown preset 'nope'",)),
@@ -164,7 +164,7 @@ def test_diff_exit_codes_and_reports(tmp_path):
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text("{not json")
     assert_user_error(run("diff", str(corrupt), str(GOLDEN / "default.json")), "corrupt plan")
-    assert_user_error(run("diff", str(tmp_path / "absent.json"), str(GOLDEN / "default.json")), "missing")
+    assert_user_error(run("diff", str(tmp_path / "absent.json"), str(GOLDEN / "default.json")), "does not exist")
 
 
 def test_check_and_update_input_errors(tmp_path):
@@ -173,3 +173,40 @@ def test_check_and_update_input_errors(tmp_path):
     assert_user_error(run("update", "--golden", str(tmp_path), "deepseek-tiny/cpu-8/defualt"), "did you mean")
     (tmp_path / "cases.yaml").write_text("cases:\n  - {model: deepseek-tinny, preset: default}\n")
     assert_user_error(run("check", "--golden", str(tmp_path)), "unknown model 'deepseek-tinny'")
+
+
+def test_h_is_help_and_version_is_the_package_version():
+    from importlib import metadata
+
+    assert run("-h").output == run("--help").output
+    assert run("dump", "-h").output == run("dump", "--help").output
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"shardscope {metadata.version('shardscope')}"
+
+
+def test_every_command_that_prints_a_table_speaks_json(tmp_path):
+    import shutil
+
+    from reference_models import MODELS
+    from shardscope.cost.hardware import known_hardware
+    from shardscope.presets import builtin_preset_names
+
+    listing = json.loads(run("list", "--json").output)
+    assert set(listing["models"]) == set(MODELS) and set(listing["presets"]) == set(builtin_preset_names())
+    assert listing["hardware"] == known_hardware()
+    golden = tmp_path / "golden"
+    (golden / "deepseek-tiny" / "cpu-8").mkdir(parents=True)
+    (golden / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: ep-as-cp}\n")
+    shutil.copy(GOLDEN / "default.json", golden / "deepseek-tiny" / "cpu-8" / "ep-as-cp.json")
+    checked = run("check", "--golden", str(golden), "--json", "--jobs", "1")
+    data = json.loads(checked.output)
+    assert checked.exit_code == 1 and data["failed"]
+    (case,) = data["cases"]
+    assert case["case"] == "deepseek-tiny/cpu-8/ep-as-cp" and case["status"] == "changed"
+    assert {"kind": "case", "subject": "preset"}.items() <= next(
+        c for c in case["diff"]["changes"] if c["subject"] == "preset"
+    ).items()
+    updated = json.loads(run("update", "--golden", str(golden), "--json", "--jobs", "1").output)
+    assert [c["status"] for c in updated["cases"]] == ["updated"] and updated["orphans"] == []
+    diffed = run("diff", str(GOLDEN / "default.json"), str(GOLDEN / "ep-as-cp.json"), "--json")
+    assert diffed.exit_code == 1 and json.loads(diffed.output)["same"] is False

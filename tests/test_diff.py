@@ -314,3 +314,16 @@ def test_default_vs_ep_as_cp_collectives(sample_diff):
     assert "all-gather over fsdp+expert float32[32,4,24] forward at decoder/moe_layers/self_attention/wq_b" in removed
     # The EP all-to-all of the MoE core is untouched.
     assert any(r.op == "all-to-all" and r.axes == ("expert",) for r in sample_diff.unchanged_collectives)
+
+
+def test_a_tensors_only_plan_is_compared_on_tensors_alone(sample_plans):
+    old, _ = sample_plans
+    partial = dataclasses.replace(old, collectives=(), memory=(), parts=("tensors",))
+    diff = diff_plans(old, partial)
+    assert diff.same
+    assert any("tensors only" in note and "collectives and memory not compared" in note for note in diff.notes)
+    # A tensor that moved is still a change.
+    path, record = old.tensors[0]
+    moved = dataclasses.replace(record, spec=("fsdp",) * len(record.shape))
+    changed = diff_plans(old, dataclasses.replace(partial, tensors=((path, moved), *old.tensors[1:])))
+    assert [c.subject for c in changed.changes] == [path]

@@ -126,3 +126,16 @@ def test_two_processes_give_byte_identical_json(tmp_path):
     # Provenance is deterministic too on one machine, so the whole file matches byte for byte.
     assert first_raw == second_raw
     assert first_raw.endswith("}\n")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_tensors_only_plan_has_exactly_the_compiled_plans_tensors(model, preset, tiny_plans):
+    from shardscope.case import resolve_case
+    from shardscope.extract import plan_case
+
+    full = tiny_plans(model, preset)
+    partial = plan_case(resolve_case(model, preset), tensors_only=True)
+    assert partial.tensors == full.tensors
+    assert partial.parts == ("tensors",) and partial.collectives == () and partial.memory == ()
+    assert plan_from_json(plan_to_json(partial)) == partial

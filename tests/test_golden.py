@@ -48,7 +48,7 @@ def test_newer_schema_and_corrupt_goldens_are_clear_errors(tmp_path):
     corrupt.write_text(plan_to_json(plan)[:5000])
     with pytest.raises(PlanError, match="corrupt plan"):
         load_golden(corrupt)
-    with pytest.raises(PlanError, match="golden is missing"):
+    with pytest.raises(PlanError, match=r"golden file .* does not exist"):
         load_golden(tmp_path / "absent.json")
 
 
@@ -147,6 +147,8 @@ def test_changing_one_rule_fails_check_with_exactly_what_it_moved(tmp_path):
     report = tmp_path / "report.md"
     result = runner.invoke(app, ["check", "--golden", str(tmp_path), "-j", "1", "--markdown", str(report)])
     assert result.exit_code == 1, result.output
+    assert "1 case: 1 changed" in result.stdout
+    assert f"to accept the changes: shardscope update --golden {tmp_path} mixtral-tiny/cpu-8/rules" in result.stdout
 
     golden_file = tmp_path / "mixtral-tiny" / "cpu-8" / "rules.json"
     old = load_golden(golden_file)
@@ -174,3 +176,33 @@ def test_changing_one_rule_fails_check_with_exactly_what_it_moved(tmp_path):
     # The attention's traffic over `expert` moves (the compiler also regroups other sums around it).
     assert any(row["axes"] == ["expert"] and "self_attention" in row["source"] for row in rows), rows
     assert "activations/decoder/layers/self\\_attention/query" in report.read_text()
+
+
+def test_check_without_libtpu_checks_the_rest_and_names_skipped_tpu_cases(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import shardscope.check
+    from shardscope.cli import app
+
+    for case in ("cpu-8/default.json", "tpu7x-8/ep-as-cp.json"):
+        (tmp_path / "deepseek-tiny" / case).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(GOLDEN / "deepseek-tiny" / case, tmp_path / "deepseek-tiny" / case)
+    (tmp_path / "cases.yaml").write_text(
+        "cases:\n"
+        "  - {model: deepseek-tiny, preset: default}\n"
+        "  - {model: deepseek-tiny, preset: ep-as-cp, topology: tpu7x-8}\n"
+    )
+    monkeypatch.setattr(shardscope.check, "libtpu_version", lambda: None)
+    runner = CliRunner()
+    report = tmp_path / "check.md"
+    result = runner.invoke(app, ["check", "--golden", str(tmp_path), "-j", "1", "--markdown", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "deepseek-tiny/tpu7x-8/ep-as-cp" in result.stdout
+    assert "2 cases: 1 same, 1 skipped" in result.stdout
+    assert "pip install 'shardscope[tpu]'" in result.stdout
+    summary = report.read_text().splitlines()
+    assert summary[0] == "## shardscope check: 2 cases: 1 same, 1 skipped"
+    assert any(line.startswith("| deepseek-tiny/tpu7x-8/ep-as-cp | skipped |") for line in summary)
+    # A CI that must check every case says so.
+    strict = runner.invoke(app, ["check", "--golden", str(tmp_path), "-j", "1", "--require-all"])
+    assert strict.exit_code == 1, strict.output

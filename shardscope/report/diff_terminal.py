@@ -18,13 +18,13 @@ from shardscope.diff import (
     PlanDiff,
     TensorGroup,
     group_tensor_changes,
-    mesh_label,
     unit_axes,
 )
 from shardscope.plan import CaseRecord
-from shardscope.report.terminal import spec_text
+from shardscope.report.terminal import FitToWidth, column_widths, spec_text
 from shardscope.rules import SpecEntry
 from shardscope.summary import human_bytes
+from shardscope.topology import mesh_label
 
 # One headline line: a name and its value on each side (None where that side lacks it).
 HeadlineRow = tuple[str, int | None, int | None]
@@ -193,6 +193,7 @@ def summary_counts(diff: PlanDiff) -> list[str]:
         "case": ("case field", "changed"),
         "extra_changed": ("extra plan field", "changed"),
         "memory_changed": ("memory field", "changed"),
+        "compute_changed": ("compute figure", "changed"),
         "tensor_removed": ("tensor", "removed"),
         "tensor_added": ("tensor", "added"),
         "tensor_changed": ("tensor", "changed (shape, dtype or axes)"),
@@ -219,15 +220,21 @@ def _headline_table(section: HeadlineSection) -> Table:
     return table
 
 
-def _tensor_table(groups: Sequence[TensorGroup], unit: Collection[str]) -> Table:
+# Below this width the tables leave out their least needed columns rather than crop the rest.
+WIDE = 120
+
+
+def _tensor_table(groups: Sequence[TensorGroup], unit: Collection[str], width: int) -> Table:
     table = Table(title="Changed tensors", title_justify="left", show_edge=False)
-    for column in ("", "tensor", "kind", "what changed", "spec before → after", "bytes / device"):
-        # Paths are never cut or broken: a reviewer has to be able to search for them.
-        table.add_column(
-            column,
-            justify="right" if column == "bytes / device" else "left",
-            no_wrap=column in ("tensor", "bytes / device"),
-        )
+    # Narrow terminals fold long paths and specs inside their cells; a row never runs past the edge.
+    fixed = {"": 1, "bytes / device": 19} | ({"kind": 10} if width >= WIDE else {})
+    widths = column_widths(width, fixed, {"tensor": 4, "what changed": 3, "spec before → after": 3})
+    columns = [
+        c for c in ("", "tensor", "kind", "what changed", "spec before → after", "bytes / device") if c in widths
+    ]
+    for column in columns:
+        right = column == "bytes / device"
+        table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
     for group in groups:
         change = group.change
         side = change.after if change.after is not None else change.before
@@ -238,29 +245,93 @@ def _tensor_table(groups: Sequence[TensorGroup], unit: Collection[str]) -> Table
         before, after = tensor_bytes(change)
         sizes = " → ".join(human_bytes(b) for b in (before, after) if b is not None)
         style = {"up": "red", "down": "green", "same": ""}[trend(before, after)]
-        mark = TENSOR_MARKS[change.kind]
-        table.add_row(mark, path, side["kind"], "\n".join(dim_phrases(change, unit)), specs, Text(sizes, style))
+        cells = {
+            "": TENSOR_MARKS[change.kind],
+            "tensor": path,
+            "kind": side["kind"],
+            "what changed": "\n".join(dim_phrases(change, unit)),
+            "spec before → after": specs,
+            "bytes / device": Text(sizes, style),
+        }
+        table.add_row(*(cells[column] for column in columns))
     return table
 
 
-def _collective_table(changes: Sequence[Change]) -> Table:
+def _collective_table(changes: Sequence[Change], width: int) -> Table:
     table = Table(title="Collective changes", title_justify="left", show_edge=False)
-    for column in ("", "op", "axes", "pass", "source", "dtype[shape]", "count", "bytes", "trips", "traffic"):
+    fixed = {"": 1, "op": 18, "pass": 9, "traffic": 19}
+    if width >= WIDE:
+        fixed |= {"count": 5, "bytes": 19, "trips": 5}  # on narrow terminals traffic (bytes × count × trips) says it
+    widths = column_widths(width, fixed, {"axes": 2, "source": 4} | ({"dtype[shape]": 2} if width >= WIDE else {}))
+    order = ("", "op", "axes", "pass", "source", "dtype[shape]", "count", "bytes", "trips", "traffic")
+    columns = [c for c in order if c in widths]
+    for column in columns:
         right = column in ("count", "bytes", "trips", "traffic")
-        table.add_column(column, justify="right" if right else "left", no_wrap=column in ("source", "op", "traffic"))
+        table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
+    style = {"collective_removed": "red", "collective_added": "green", "collective_changed": "yellow"}
+    stats = {"count": "count", "bytes": "bytes", "trips": "loop_trips", "traffic": "traffic"}
     for change in changes:
         row = change.after if change.after is not None else change.before
-        style = {"collective_removed": "red", "collective_added": "green", "collective_changed": "yellow"}
-        table.add_row(
-            Text(COLLECTIVE_MARKS[change.kind], style[change.kind]),
-            row["op"],
-            collective_axes(row),
-            row["pass"],
-            row["source"] or "(top level)",
-            collective_shape(row),
-            *(stat_text(change, name) for name in ("count", "bytes", "loop_trips", "traffic")),
-        )
+        cells = {
+            "": Text(COLLECTIVE_MARKS[change.kind], style[change.kind]),
+            "op": row["op"],
+            "axes": collective_axes(row),
+            "pass": row["pass"],
+            "source": row["source"] or "(top level)",
+            "dtype[shape]": collective_shape(row),
+            **{column: stat_text(change, name) for column, name in stats.items()},
+        }
+        table.add_row(*(cells[column] for column in columns))
     return table
+
+
+def _cost_table(diff: PlanDiff) -> Table:
+    from shardscope.report.estimate_text import cost_rows, human_seconds, target_label
+
+    target = diff.cost_after or diff.cost_before
+    assert target is not None
+    table = Table(
+        title=f"Estimated time per step ({target_label(target)}, efficiency {target.efficiency:g})",
+        title_justify="left",
+        show_edge=False,
+    )
+    for column in ("by", "", "before", "after", "Δ"):
+        table.add_column(column, justify="right" if column in ("before", "after", "Δ") else "left")
+    section = None
+    for where, name, before, after in cost_rows(diff.cost_before, diff.cost_after):
+        if section is not None and where != section:
+            table.add_section()
+        label = where if where != section else ""
+        section = where
+        delta = "" if before is None or after is None else seconds_delta(before, after)
+        style = {"up": "red", "down": "green", "same": "dim"}[trend_seconds(before, after)]
+        table.add_row(label, name, human_seconds(before), human_seconds(after), Text(delta, style))
+    return table
+
+
+def seconds_delta(before: float, after: float) -> str:
+    """ "+0.80 ms (+12%)", or "" when equal."""
+    from shardscope.report.estimate_text import signed_seconds
+
+    if before == after:
+        return ""
+    percent = f" ({(after - before) / before:+.0%})".replace("-", "−") if before else ""
+    return signed_seconds(after - before) + percent
+
+
+def trend_seconds(before: float | None, after: float | None) -> str:
+    """ "up", "down" or "same": more time is what a reviewer worries about."""
+    old, new = before or 0.0, after or 0.0
+    return "up" if new > old * (1 + 1e-9) else "down" if new < old * (1 - 1e-9) else "same"
+
+
+def cost_lines(diff: PlanDiff) -> list[str]:
+    """The cost headline of a diff: Δ step (or communication) time and the HBM need, when both are priced."""
+    from shardscope.report.estimate_text import cost_headline, memory_headline
+
+    lines = [cost_headline(diff.cost_before, diff.cost_after, diff.old_case.preset)]
+    lines.append(memory_headline(diff.cost_before, diff.cost_after))
+    return [line for line in lines if line is not None]
 
 
 def _generic_table(title: str, changes: Sequence[Change]) -> Table:
@@ -280,7 +351,12 @@ def diff_renderable(diff: PlanDiff) -> Group:
         Text.assemble(("new ", "dim"), case_line(diff.new_case)),
         Text.assemble(verdict, ("  " + ", ".join(summary_counts(diff)), "")),
     ]
-    for kind, title in (("case", "Case"), ("extra_changed", "Extra plan fields")):
+    parts += [Text(line, "bold") for line in cost_lines(diff)]
+    for kind, title in (
+        ("case", "Case"),
+        ("extra_changed", "Extra plan fields"),
+        ("compute_changed", "Compiled work per device"),
+    ):
         if diff.of_kind(kind):
             parts += [Text(""), _generic_table(title, diff.of_kind(kind))]
     for section in headline_sections(diff):
@@ -292,12 +368,15 @@ def diff_renderable(diff: PlanDiff) -> Group:
             f" per device per step ({total})"
         )
     )
+    if diff.cost_before is not None or diff.cost_after is not None:
+        parts += [Text(""), _cost_table(diff)]
     groups = group_tensor_changes(diff.of_kind(*TENSOR_KINDS))
     if groups:
-        parts += [Text(""), _tensor_table(groups, unit_axes(diff.old_case, diff.new_case))]
+        unit = unit_axes(diff.old_case, diff.new_case)
+        parts += [Text(""), FitToWidth(lambda width: _tensor_table(groups, unit, width))]
     collectives = diff.of_kind(*COLLECTIVE_KINDS)
     if collectives:
-        parts += [Text(""), _collective_table(collectives)]
+        parts += [Text(""), FitToWidth(lambda width: _collective_table(collectives, width))]
     parts += [
         Text(""),
         Text(

@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from shardscope.atomic import write_atomic
+from shardscope.check import CaseOutcome, CheckSummary
 from shardscope.diff import (
     COLLECTIVE_KINDS,
     TENSOR_KINDS,
@@ -28,13 +29,13 @@ from shardscope.report.diff_terminal import (
     delta_text,
     dim_phrases,
     headline_sections,
-    mesh_label,
     signed_bytes,
     summary_counts,
     tensor_bytes,
     value_text,
 )
 from shardscope.summary import human_bytes
+from shardscope.topology import mesh_label
 
 TOP_TENSORS = 8
 TOP_COLLECTIVES = 8
@@ -85,6 +86,31 @@ def _headline(diff: PlanDiff) -> list[str]:
                     f"| {label} | {human_bytes(before)} | {human_bytes(after)} | {delta_text(before, after)} |"
                 )
     return lines
+
+
+def _cost(diff: PlanDiff) -> list[str]:
+    """The cost headline and the time per mesh axis that moved, when both plans are priced."""
+    from shardscope.report.diff_terminal import cost_lines, seconds_delta
+    from shardscope.report.estimate_text import cost_rows, human_seconds
+
+    if diff.cost_before is None or diff.cost_after is None:
+        return []
+    lines = [f"**{md_escape(line)}**  " for line in cost_lines(diff)]
+    moved = [
+        row
+        for row in cost_rows(diff.cost_before, diff.cost_after)
+        if row[0] in ("mesh axis", "total") and row[2] != row[3]
+    ]
+    if moved:
+        lines += ["", "| estimated time / step | before | after | Δ |", "|:--|--:|--:|--:|"]
+        for section, name, before, after in moved:
+            label = f"over {name}" if section == "mesh axis" else f"**{name}**"
+            delta = "" if before is None or after is None else seconds_delta(before, after)
+            lines.append(
+                f"| {md_escape(label) if section == 'mesh axis' else label} | {human_seconds(before)} "
+                f"| {human_seconds(after)} | {delta} |"
+            )
+    return [*lines, ""]
 
 
 def _weight(group: TensorGroup, unit: Collection[str]) -> tuple[int, int, int, str]:
@@ -169,6 +195,7 @@ def render_markdown(diff: PlanDiff) -> str:
         lines.append("Tensors, collectives and memory are identical (provenance is not compared).")
         return "\n".join(lines) + "\n"
     lines += [md_escape(", ".join(summary_counts(diff))) + ".", ""]
+    lines += _cost(diff)
     lines += _headline(diff)
     groups = group_tensor_changes(diff.of_kind(*TENSOR_KINDS))
     if groups:
@@ -187,3 +214,28 @@ def render_markdown(diff: PlanDiff) -> str:
 def write_markdown(diff: PlanDiff, path: Path) -> None:
     """Renders the summary and writes it atomically to `path`."""
     write_atomic(path, render_markdown(diff))
+
+
+def render_check_markdown(outcomes: Sequence[CaseOutcome], summary: CheckSummary) -> str:
+    """A whole check for a PR comment: one summary table (a line per case), then each changed case's diff."""
+    lines = [f"## shardscope check: {md_escape(summary.line)}", ""]
+    lines += ["| case | status | what changed |", "|:--|:--|:--|"]
+    for outcome in outcomes:
+        detail = outcome.message
+        if outcome.diff is not None and not outcome.diff.same:
+            detail = ", ".join(summary_counts(outcome.diff))
+            before, after = outcome.diff.totals_before.total, outcome.diff.totals_after.total
+            if before != after:
+                detail += f"; traffic {human_bytes(before)} → {human_bytes(after)} ({delta_text(before, after)})"
+            from shardscope.report.estimate_text import cost_headline
+
+            cost = cost_headline(outcome.diff.cost_before, outcome.diff.cost_after, "the golden")
+            if cost:
+                detail += f"; {cost}"
+        lines.append(f"| {md_escape(outcome.case_id)} | {outcome.status} | {md_escape(detail)} |")
+    lines += ["", *(md_escape(hint) for hint in summary.hints)]
+    for outcome in outcomes:
+        if outcome.status == "changed" and outcome.diff is not None:
+            lines += ["", "---", "", f"#### {md_escape(outcome.case_id)}", ""]
+            lines += render_markdown(outcome.diff).splitlines()[1:]
+    return "\n".join(lines).rstrip() + "\n"

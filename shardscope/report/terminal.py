@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.diff import mesh_label
 from shardscope.plan import CollectiveRow, Plan
 from shardscope.rules import DimDecision, Rule, SpecEntry
 from shardscope.summary import axes_label, bytes_by_kind, human_bytes, traffic_totals
+from shardscope.topology import mesh_label
+
+
+class FitToWidth:
+    """A table built for the width it is rendered in: column minimums scale with the terminal, so long
+    paths fold inside their cells on a narrow terminal and no row runs past its edge."""
+
+    def __init__(self, build: Callable[[int], Table]) -> None:
+        self._build = build
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._build(options.max_width)
+
+
+def column_widths(width: int, fixed: Mapping[str, int], shares: Mapping[str, float]) -> dict[str, int]:
+    """Exact column widths for a table of `width` cells (no edge, one cell of padding each side, one
+    separator between columns): `fixed` columns get their width, the rest shares what is left."""
+    columns = len(fixed) + len(shares)
+    left = width - sum(fixed.values()) - 3 * columns + 1
+    total = sum(shares.values())
+    flexible = {name: max(6, int(left * share / total)) for name, share in shares.items()}
+    return dict(fixed) | flexible
 
 
 def spec_text(spec: Sequence[SpecEntry]) -> str:
@@ -36,12 +58,18 @@ def _totals_table(title: str, rows: Sequence[tuple[str, int]], total: int) -> Ta
     return table
 
 
-def collectives_table(rows: Sequence[CollectiveRow], title: str = "Collectives") -> Table:
+def collectives_table(rows: Sequence[CollectiveRow], title: str = "Collectives") -> FitToWidth:
     """Every collective row: op, axes, pass, source, shape, bytes, count, trips, total."""
+    return FitToWidth(lambda width: _collectives_table(rows, title, width))
+
+
+def _collectives_table(rows: Sequence[CollectiveRow], title: str, width: int) -> Table:
     table = Table(title=title, title_justify="left", show_edge=False)
+    fixed = {"op": 18, "pass": 9, "bytes": 10, "count": 5, "trips": 5, "total": 10}
+    widths = column_widths(width, fixed, {"axes": 2, "source": 4, "dtype[shape]": 2})
     for column in ("op", "axes", "pass", "source", "dtype[shape]", "bytes", "count", "trips", "total"):
         right = column in ("bytes", "count", "trips", "total")
-        table.add_column(column, justify="right" if right else "left", no_wrap=column in ("op", "source"))
+        table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
     for row in rows:
         shape = f"{row.dtype}[{','.join(map(str, row.shape))}]"
         axes = axes_label(row) + (f" shift {row.shift:+d}" if row.shift is not None else "")
@@ -75,7 +103,7 @@ def traffic_tables(rows: Sequence[CollectiveRow]) -> Group:
 
 
 def plan_summary(plan: Plan) -> Group:
-    """The `dump` summary: case, tensors per kind, memory, and collective traffic."""
+    """The `dump` summary: case, tensors per kind, memory, collective traffic, and what it costs if priced."""
     case = plan.case
     mesh = mesh_label(case.mesh)
     header = Text.assemble(
@@ -90,14 +118,21 @@ def plan_summary(plan: Plan) -> Group:
     kinds.add_column("bytes / device", justify="right")
     for kind, count, size in bytes_by_kind(plan):
         kinds.add_row(kind, str(count), human_bytes(size))
+    parts: list = [header, Text(""), kinds, Text("")]
     if not plan.holds("collectives"):
-        return Group(header, Text(""), kinds, Text(""), Text("tensors only (no compile): no collectives or memory"))
-    memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
-    memory.add_column("")
-    memory.add_column("bytes / device", justify="right")
-    for name, size in plan.memory:
-        memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
-    return Group(header, Text(""), kinds, Text(""), memory, Text(""), traffic_tables(plan.collectives))
+        parts.append(Text("tensors only (no compile): no collectives or memory"))
+    else:
+        memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
+        memory.add_column("")
+        memory.add_column("bytes / device", justify="right")
+        for name, size in plan.memory:
+            memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
+        parts += [memory, Text(""), traffic_tables(plan.collectives)]
+    if plan.estimate is not None:
+        from shardscope.report.estimate_terminal import estimate_renderable
+
+        parts += [Text(""), estimate_renderable(plan.estimate)]
+    return Group(*parts)
 
 
 def explain_renderable(
@@ -129,3 +164,39 @@ def explain_renderable(
 def _rule_text(rule: Rule) -> str:
     logical, axes = rule
     return f"[{logical}, {list(axes)}]"
+
+
+# Columns of pandas tables that hold bytes or fractions, shown as "1.5 MiB" and "25%".
+_BYTE_COLUMNS = frozenset(
+    ("traffic", "bytes", "bytes_per_device", "bytes_before", "bytes_after", "traffic_before", "traffic_after")
+)
+
+
+def frame_table(frame: Any, title: str = "") -> FitToWidth:
+    """A pandas DataFrame as a terminal table: bytes in human units, shares as percentages, paths folded."""
+
+    def cell(column: str, value: Any) -> str:
+        if value is None or (isinstance(value, float) and value != value):
+            return "-"
+        if column in _BYTE_COLUMNS:
+            return human_bytes(int(value))
+        if column == "time_s":
+            from shardscope.report.estimate_text import human_seconds
+
+            return human_seconds(float(value))
+        if column == "share":
+            return f"{100 * float(value):.0f}%"
+        if isinstance(value, tuple):
+            return "(" + ", ".join("-" if v is None else str(v) for v in value) + ")"
+        return str(value)
+
+    def build(width: int) -> Table:
+        table = Table(title=title or None, title_justify="left", show_edge=False)
+        for column in frame.columns:
+            numeric = column in _BYTE_COLUMNS or column in ("share", "rows", "count", "loop_trips", "time_s")
+            table.add_column(str(column), justify="right" if numeric else "left", overflow="fold")
+        for record in frame.itertuples(index=False):
+            table.add_row(*(cell(str(c), v) for c, v in zip(frame.columns, record, strict=True)))
+        return table
+
+    return FitToWidth(build)

@@ -1,0 +1,55 @@
+"""Traffic between slices that a per-slice plan does not show, inferred from its tensors.
+
+A program for several slices is compiled per slice (`shardscope.extract.slice_mesh`): its collectives
+number one slice's devices, and what crosses slices travels as host transfers the plan does not list.
+What must cross is known from the shardings: the `data` axis spans the slices, so every parameter
+replicated over `data` has its gradient summed across slices (an all-reduce of its per-device bytes),
+and a parameter sharded over `data` is gathered across slices for the forward pass and its gradient
+reduce-scattered back (rematerialised re-gathers are not counted: a lower bound).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from shardscope.plan import CollectiveRow, Plan
+from shardscope.topology import DCN_AXIS
+
+SOURCE = "(cross-slice, inferred from parameter shardings)"
+
+
+def _mentions(spec: tuple, axis: str) -> bool:
+    return any(entry == axis or (isinstance(entry, tuple) and axis in entry) for entry in spec)
+
+
+def cross_slice_rows(plan: Plan, slices: int) -> tuple[CollectiveRow, ...]:
+    """Collective rows over `data` across `slices` slices, one per (op, dtype), in a fixed order.
+
+    Bytes follow the plan's convention (full buffer per device): a gradient all-reduce moves the
+    parameter's per-device bytes; a cross-slice gather's result is `slices` times them.
+    """
+    if slices <= 1:
+        return ()
+    sums: dict[tuple[str, str, str], int] = defaultdict(int)
+    for _, tensor in plan.tensors:
+        if tensor.kind != "param" or tensor.bytes_per_device == 0:
+            continue
+        if _mentions(tensor.spec, DCN_AXIS):
+            sums[("all-gather", tensor.dtype, "forward")] += tensor.bytes_per_device * slices
+            sums[("reduce-scatter", tensor.dtype, "backward")] += tensor.bytes_per_device * slices
+        else:
+            sums[("all-reduce", tensor.dtype, "backward")] += tensor.bytes_per_device
+    return tuple(
+        CollectiveRow(
+            op=op,
+            axes=(DCN_AXIS,),
+            dtype=dtype,
+            shape=(),
+            bytes=nbytes,
+            count=1,
+            loop_trips=1,
+            pass_=pass_,
+            source=SOURCE,
+        )
+        for (op, dtype, pass_), nbytes in sorted(sums.items())
+    )

@@ -1,0 +1,182 @@
+"""A plan priced on a target TPU: time per collective row and per axis/op/pass, compute, step-time bounds
+and memory against capacity (the plan's `estimate` section, DESIGN §8).
+
+Pure: a Plan, a Hardware record and a Layout in, a frozen `Estimate` out. Rows are priced as the plan
+records them (per device, × count × loop trips); rows whose groups match no mesh axes, whose trip count
+is unknown or whose op has no model get no time and are counted as unpriced, never as zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shardscope.cost.collective import PRICED_OPS, CollectiveTime, collective_time
+from shardscope.cost.compute import ComputeTime, compute_time
+from shardscope.cost.dcn import cross_slice_rows
+from shardscope.cost.hardware import Hardware, HardwareError, table_source
+from shardscope.cost.layout import SLICE, Layout
+from shardscope.cost.memory import MemoryEstimate, memory_need
+from shardscope.plan import CollectiveRow, Plan
+from shardscope.summary import axes_label
+
+BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
+
+
+def figures_source() -> str:
+    """The table the figures came from (a table of one's own is named by its path)."""
+    return f"{table_source()} (built-in figures: {BUILT_IN_SOURCES})"
+
+
+@dataclass(frozen=True)
+class RowTime:
+    """The estimated time of one collective row per step."""
+
+    seconds: float | None  # (latency + transfer / efficiency) × count × loop_trips; None: unpriced
+    latency: float  # one execution
+    transfer: float  # one execution at the full modelled bandwidth
+    unpriced: str | None = None  # why there is no time
+
+
+@dataclass(frozen=True)
+class PricedRow:
+    """A row the plan does not hold (traffic between slices), with its time."""
+
+    row: CollectiveRow
+    time: RowTime
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a plan costs on one target: communication, compute, step bounds and memory."""
+
+    hardware: str
+    slice_shape: tuple[int, ...]
+    slices: int
+    layout_source: str  # "devices" or "standard slice"
+    efficiency: float
+    efficiency_source: str  # "hardware table" or "caller"
+    figures_source: str
+    rows: tuple[RowTime, ...]  # aligned with plan.collectives
+    cross_slice: tuple[PricedRow, ...]
+    by_axes: tuple[tuple[str, float], ...]
+    by_op: tuple[tuple[str, float], ...]
+    by_pass: tuple[tuple[str, float], ...]
+    communication: float  # seconds per step, every priced row
+    unpriced_rows: int
+    compute: ComputeTime
+    memory: MemoryEstimate
+
+    @property
+    def step_no_overlap(self) -> float:
+        """Upper bound: compute, then every collective, one after another."""
+        return self.compute.seconds + self.communication
+
+    @property
+    def step_full_overlap(self) -> float:
+        """Lower bound: communication entirely hidden behind compute (or the reverse)."""
+        return max(self.compute.seconds, self.communication)
+
+
+def price_row(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency: float, within_slice: bool) -> RowTime:
+    """One plan row's time per step on this layout."""
+    if row.axes is None:
+        return RowTime(None, 0.0, 0.0, "groups match no mesh axes")
+    if row.op not in PRICED_OPS:
+        return RowTime(None, 0.0, 0.0, f"no time model for {row.op}")
+    one = collective_time(row.op, row.bytes, layout.group(row.axes, within_slice), hardware, row.shift)
+    if row.loop_trips is None:
+        return RowTime(None, one.latency, one.transfer, "unknown loop trip count")
+    return RowTime(one.seconds(efficiency) * row.count * row.loop_trips, one.latency, one.transfer)
+
+
+def price_cross_slice(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency: float) -> RowTime:
+    """The DCN part of a cross-slice row: the per-slice program already does its part inside the slice,
+    so only 1/n of the buffer (n = the axis's devices within a slice) crosses, per device."""
+    spans = layout.group(row.axes or ())
+    inner = 1
+    for span in spans:
+        if span.dim != SLICE:
+            inner *= span.extent
+    dcn = tuple(span for span in spans if span.dim == SLICE)
+    one: CollectiveTime = collective_time(row.op, row.bytes / inner, dcn, hardware)
+    return RowTime(one.seconds(efficiency) * row.count * (row.loop_trips or 1), one.latency, one.transfer)
+
+
+def _totals(pairs: Iterable[tuple[CollectiveRow, RowTime]]) -> tuple[dict[str, float], ...]:
+    by_axes: dict[str, float] = defaultdict(float)
+    by_op: dict[str, float] = defaultdict(float)
+    by_pass: dict[str, float] = defaultdict(float)
+    for row, time in pairs:
+        if time.seconds is None or row.axes == ():
+            continue
+        by_axes[axes_label(row)] += time.seconds
+        by_op[row.op] += time.seconds
+        by_pass[row.pass_] += time.seconds
+    return by_axes, by_op, by_pass
+
+
+def _check_layout(plan: Plan, layout: Layout, hardware: Hardware) -> None:
+    if layout.hardware != hardware.name:
+        raise HardwareError(f"layout is for {layout.hardware} but the hardware is {hardware.name}")
+    mesh = dict(plan.case.mesh)
+    laid = {axis.name: axis.size for axis in layout.axes}
+    if mesh != laid:
+        raise HardwareError(f"layout mesh {laid} is not the plan's mesh {mesh}")
+
+
+def estimate_plan(
+    plan: Plan,
+    hardware: Hardware,
+    layout: Layout,
+    *,
+    efficiency: float | None = None,
+    flops: float | None = None,
+    bytes_accessed: float | None = None,
+    exact_memory: bool = True,
+) -> Estimate:
+    """Prices a plan on `hardware` laid out as `layout`.
+
+    Args:
+      plan: any plan (CPU or TPU, compiled or tensors-only).
+      hardware: the target generation (`load_hardware`).
+      layout: the plan's mesh on that hardware (`layout_for` or `layout_from_mesh`).
+      efficiency: fraction of modelled link bandwidth reached; default: the hardware table's.
+      flops, bytes_accessed: per-device figures of the compiled step (the plan's `compute` section).
+      exact_memory: whether a TPU plan's compiled memory figures describe this hardware (False when a plan
+        compiled for one generation is priced on another: its need is then estimated from the tensors).
+
+    Raises:
+      HardwareError: the layout is for another generation or mesh, or efficiency is not in (0, 1].
+    """
+    _check_layout(plan, layout, hardware)
+    eff = hardware.efficiency if efficiency is None else float(efficiency)
+    if not 0 < eff <= 1:
+        raise HardwareError(f"efficiency must be in (0, 1], found {efficiency!r}")
+    # A multi-slice plan is compiled per slice: its groups never leave a slice.
+    within_slice = layout.slices > 1
+    rows = tuple(price_row(row, layout, hardware, eff, within_slice) for row in plan.collectives)
+    cross = tuple(
+        PricedRow(row, price_cross_slice(row, layout, hardware, eff)) for row in cross_slice_rows(plan, layout.slices)
+    )
+    pairs = [*zip(plan.collectives, rows, strict=True), *((p.row, p.time) for p in cross)]
+    by_axes, by_op, by_pass = _totals(pairs)
+    return Estimate(
+        hardware=hardware.name,
+        slice_shape=layout.slice_shape,
+        slices=layout.slices,
+        layout_source=layout.source,
+        efficiency=eff,
+        efficiency_source="hardware table" if efficiency is None else "caller",
+        figures_source=figures_source(),
+        rows=rows,
+        cross_slice=cross,
+        by_axes=tuple(sorted(by_axes.items())),
+        by_op=tuple(sorted(by_op.items())),
+        by_pass=tuple(sorted(by_pass.items())),
+        communication=sum(t.seconds for _, t in pairs if t.seconds is not None),
+        unpriced_rows=sum(1 for t in rows if t.seconds is None),
+        compute=compute_time(hardware, flops, bytes_accessed),
+        memory=memory_need(plan, hardware, exact=exact_memory),
+    )

@@ -1,0 +1,141 @@
+"""Per-device HBM need of a plan, by category, against the generation's capacity.
+
+A TPU compile's memory analysis is exact: arguments + outputs − aliased outputs + temp, with the
+compiler's padding and scheduling in it; its categories are the tensors the shardings give (params,
+optimizer state, inputs), what the compiler adds to the arguments (padding to TPU tiles), outputs that
+do not reuse an argument's buffer, and temp (gradients, activations, scratch). A CPU compiler's figures
+say nothing about a TPU (its temp buffers follow another schedule), so there the need is estimated from
+the tensors: params, optimizer state, inputs, gradients (≈ the params' bytes: one gradient per
+parameter, same dtype and sharding), and the activations alive when the backward pass peaks (under the
+step's remat policy, see `activation_bytes`). Intermediates no sharding constraint names (attention
+scores, MoE dispatch buffers, f32 copies, the compiler's scratch) are not in it, so it understates the
+need: treat it as a floor, and compile for the TPU topology for the exact figure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from shardscope.cost.hardware import Hardware
+from shardscope.plan import Plan
+
+EXACT = "tpu compiler"
+ESTIMATED = "estimated from tensors (named tensors only)"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """HBM bytes per device by category, their total, and the capacity they must fit."""
+
+    categories: tuple[tuple[str, int], ...]
+    capacity: int
+    source: str  # EXACT or ESTIMATED
+
+    @property
+    def total(self) -> int:
+        """The per-device need: the sum of the categories."""
+        return sum(size for _, size in self.categories)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the total is the TPU compiler's own figure."""
+        return self.source == EXACT
+
+    @property
+    def fits(self) -> bool:
+        """Whether the need fits the device's HBM."""
+        return self.total <= self.capacity
+
+    @property
+    def over(self) -> int:
+        """Bytes beyond capacity (0 when it fits)."""
+        return max(0, self.total - self.capacity)
+
+
+def _kind_bytes(plan: Plan) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for _, tensor in plan.tensors:
+        totals[tensor.kind] += tensor.bytes_per_device
+    return totals
+
+
+def layer_trips(plan: Plan) -> dict[str, int]:
+    """Module path → layers of the scanned block it names (`decoder/moe_layers` → 58, say).
+
+    A scanned block stacks its parameters along a dimension whose logical name is the block's own path
+    component and a layers axis (MaxText: `layers`, `dense_layers`, `moe_layers`); its size is the
+    scan's trip count.
+    """
+    trips: dict[str, int] = {}
+    for path, tensor in plan.tensors:
+        if tensor.kind != "param" or not tensor.logical:
+            continue
+        parts = path.split("/")[1:]
+        for index, name in enumerate(tensor.logical):
+            if name is not None and (name == "layers" or name.endswith("_layers")) and name in parts:
+                prefix = "/".join(parts[: parts.index(name) + 1])
+                trips[prefix] = max(trips.get(prefix, 1), tensor.shape[index])
+    return trips
+
+
+def _block_of(path: str, trips: dict[str, int]) -> str | None:
+    """The scanned block an activation (`activations/decoder/moe_layers/x`) sits in, if any."""
+    module = path.split("/", 1)[1].split("#", 1)[0]
+    prefixes = [p for p in trips if module == p or module.startswith(p + "/")]
+    return max(prefixes, key=len) if prefixes else None
+
+
+def remat_policy(plan: Plan) -> str:
+    """How the step keeps activations for the backward pass: the reference models rematerialise each
+    layer in full (MaxText's default `remat_policy`) unless the case sets `model.remat=none`."""
+    return dict(plan.case.overrides).get("model.remat", "full")
+
+
+def activation_bytes(plan: Plan) -> int:
+    """Bytes of constrained activations alive per device at the peak of the backward pass.
+
+    Without remat every layer keeps every activation: each one times the layers of its block. With full
+    remat a layer keeps only its input (`<block>/inputs`) and recomputes the rest when its backward pass
+    runs, so the peak is every layer's input plus one layer's activations (the largest block's).
+    """
+    trips = layer_trips(plan)
+    per_block: dict[str | None, int] = defaultdict(int)
+    kept_inputs = 0
+    for path, tensor in plan.tensors:
+        if tensor.kind != "activation":
+            continue
+        block = _block_of(path, trips)
+        per_block[block] += tensor.bytes_per_device
+        if block is not None and path.split("/", 1)[1] == f"{block}/inputs":
+            kept_inputs += tensor.bytes_per_device * trips[block]
+    outside = per_block.pop(None, 0)
+    if remat_policy(plan) == "none":
+        return outside + sum(size * trips[block] for block, size in per_block.items() if block is not None)
+    return outside + kept_inputs + max(per_block.values(), default=0)
+
+
+def memory_need(plan: Plan, hardware: Hardware, exact: bool = True) -> MemoryEstimate:
+    """Per-device HBM need of a plan on `hardware`: exact from a TPU compile for it (unless `exact` is
+    False: the compile was for another generation), else estimated from the tensors."""
+    kinds = _kind_bytes(plan)
+    memory = dict(plan.memory)
+    backend = dict(plan.provenance).get("backend")
+    capacity = hardware.hbm_bytes_per_device
+    tensors = [
+        ("params", kinds.get("param", 0)),
+        ("optimizer_state", kinds.get("opt_state", 0)),
+        ("inputs", kinds.get("input", 0)),
+    ]
+    if exact and backend == "tpu" and {"argument_bytes", "temp_bytes"} <= set(memory):
+        arguments = memory["argument_bytes"]
+        outputs = memory.get("output_bytes", 0) - memory.get("alias_bytes", 0)
+        categories = [
+            *tensors,
+            ("argument_padding", arguments - sum(size for _, size in tensors)),
+            ("outputs_not_aliased", outputs),
+            ("compiler_temp", memory["temp_bytes"]),
+        ]
+        return MemoryEstimate(tuple(categories), capacity, EXACT)
+    categories = [*tensors, ("gradients", kinds.get("param", 0)), ("activations", activation_bytes(plan))]
+    return MemoryEstimate(tuple(categories), capacity, ESTIMATED)

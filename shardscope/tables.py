@@ -1,0 +1,160 @@
+"""Plans and diffs as pandas tables, and the totals reviewers read first (traffic per axis, op and pass).
+
+Every table is built from the plan's own records: one row per tensor, per collective row, per change.
+Totals are group-bys over the collectives table; a row whose loop trip count is unknown has no traffic
+(NaN) and is counted apart, and rows whose groups are single devices move nothing and are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardscope.plan import CollectiveRow, Plan
+from shardscope.rules import entry_axes
+from shardscope.summary import axes_label
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from shardscope.diff import PlanDiff
+
+# The groupings `table --by` and the reports know, and the collectives column each one groups by.
+GROUPINGS = {"axis": "axes", "op": "op", "pass": "pass", "source": "source", "dtype": "dtype"}
+
+
+def _spec_text(spec: Sequence[Any]) -> str:
+    return "(" + ", ".join("+".join(entry_axes(e)) or "-" for e in spec) + ")"
+
+
+def tensors_frame(plan: Plan) -> pd.DataFrame:
+    """One row per tensor: path, kind, shape, dtype, logical axes, spec, per-device shape and bytes."""
+    import pandas as pd
+
+    rows = [
+        {
+            "path": path,
+            "kind": t.kind,
+            "shape": t.shape,
+            "dtype": t.dtype,
+            "logical": t.logical,
+            "spec": t.spec,
+            "sharded_over": _spec_text(t.spec),
+            "shard_shape": t.shard_shape,
+            "bytes_per_device": t.bytes_per_device,
+        }
+        for path, t in plan.tensors
+    ]
+    columns = ["path", "kind", "shape", "dtype", "logical", "spec", "sharded_over", "shard_shape", "bytes_per_device"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def collectives_frame(
+    plan: Plan | Sequence[CollectiveRow], times: Sequence[float | None] | None = None
+) -> pd.DataFrame:
+    """One row per collective row: op, axes, pass, source, dtype, shape, bytes, count, loop trips, traffic
+    (bytes × count × trips per device per step; NaN when a trip count is unknown) and, when `times` is
+    given (a cost estimate's per-row seconds, in the same order) or the plan carries an estimate, the
+    estimated time per step (`time_s`; NaN for a row the cost model could not price)."""
+    import pandas as pd
+
+    rows = plan.collectives if isinstance(plan, Plan) else tuple(plan)
+    if times is None and isinstance(plan, Plan) and plan.estimate is not None:
+        times = [row.seconds for row in plan.estimate.rows]
+    data = [
+        {
+            "op": r.op,
+            "axes": axes_label(r),
+            "pass": r.pass_,
+            "source": r.source,
+            "dtype": r.dtype,
+            "shape": r.shape,
+            "bytes": r.bytes,
+            "count": r.count,
+            "loop_trips": r.loop_trips,
+            "traffic": r.traffic,
+            "moves_data": r.axes != (),
+        }
+        for r in rows
+    ]
+    columns = ["op", "axes", "pass", "source", "dtype", "shape", "bytes", "count", "loop_trips", "traffic"]
+    frame = pd.DataFrame(data, columns=[*columns, "moves_data"])
+    frame["traffic"] = frame["traffic"].astype("float64")
+    frame["moves_data"] = frame["moves_data"].astype(bool)  # an empty object column would select columns
+    if times is not None:
+        frame["time_s"] = pd.Series(list(times), dtype="float64")
+    return frame
+
+
+def traffic_by(plan: Plan | Sequence[CollectiveRow], by: Sequence[str]) -> pd.DataFrame:
+    """Traffic per device per step grouped by `by` (names of GROUPINGS), largest first, with its share (and
+    the estimated time, when the plan is priced).
+
+    Raises:
+      ValueError: an unknown grouping.
+    """
+    unknown = [name for name in by if name not in GROUPINGS]
+    if unknown:
+        raise ValueError(f"unknown grouping {unknown[0]!r} (known: {', '.join(GROUPINGS)})")
+    frame = collectives_frame(plan)
+    frame = frame[frame["moves_data"] & frame["traffic"].notna()]
+    columns = [GROUPINGS[name] for name in by]
+    groups = frame.groupby(columns, sort=True, dropna=False)
+    grouped = groups["traffic"].agg(["sum", "size"]).reset_index()
+    grouped = grouped.rename(columns={"sum": "traffic", "size": "rows"})
+    grouped["traffic"] = grouped["traffic"].astype("int64")
+    if "time_s" in frame:
+        # min_count=1: a group whose rows were all unpriced has no time (NaN), not zero seconds.
+        grouped["time_s"] = groups["time_s"].sum(min_count=1).to_numpy()
+    total = int(grouped["traffic"].sum())
+    grouped["share"] = grouped["traffic"] / total if total else 0.0
+    return grouped.sort_values(["traffic", *columns], ascending=[False, *[True] * len(columns)], ignore_index=True)
+
+
+def tensor_changes_frame(diff: PlanDiff) -> pd.DataFrame:
+    """One row per tensor that changed: path, kind of change, kind of tensor, spec and bytes before/after."""
+    import pandas as pd
+
+    from shardscope.diff import TENSOR_KINDS
+
+    rows = []
+    for change in diff.of_kind(*TENSOR_KINDS):
+        before, after = change.before or {}, change.after or {}
+        rows.append(
+            {
+                "path": change.subject,
+                "change": change.kind,
+                "kind": (after or before).get("kind"),
+                "spec_before": before.get("spec"),
+                "spec_after": after.get("spec"),
+                "bytes_before": before.get("bytes_per_device"),
+                "bytes_after": after.get("bytes_per_device"),
+                "dims": "; ".join(f"dim {d.dim} +{d.axes_added} -{d.axes_dropped}" for d in change.dims),
+            }
+        )
+    columns = ["path", "change", "kind", "spec_before", "spec_after", "bytes_before", "bytes_after", "dims"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def collective_changes_frame(diff: PlanDiff) -> pd.DataFrame:
+    """One row per collective row added, removed or changed, with its traffic before and after."""
+    import pandas as pd
+
+    from shardscope.diff import COLLECTIVE_KINDS
+
+    rows = []
+    for change in diff.of_kind(*COLLECTIVE_KINDS):
+        side = change.after if change.after is not None else change.before
+        rows.append(
+            {
+                "change": change.kind,
+                "op": side["op"],
+                "axes": side.get("axes_label"),
+                "pass": side["pass"],
+                "source": side["source"],
+                "traffic_before": (change.before or {}).get("traffic"),
+                "traffic_after": (change.after or {}).get("traffic"),
+            }
+        )
+    columns = ["change", "op", "axes", "pass", "source", "traffic_before", "traffic_after"]
+    return pd.DataFrame(rows, columns=columns)
