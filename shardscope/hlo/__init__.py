@@ -16,6 +16,7 @@ The reader follows the HLO grammar, not line patterns:
   shapes       HLO shapes → dtype, dims, bytes
   notices      what a partial or malformed text left out, one line each
   collectives  aggregation into rows
+  executions   every instruction of the computations that run, and each one's executions per step
 
 Why not XLA's own parser (`jax._src.lib.xla_client.hlo.hlo_module_from_text`, bundled with jaxlib)? It is
 the reference for what valid HLO means, and the corpus tests derive their expected counts from it. But as
@@ -39,6 +40,7 @@ from shardscope.hlo.collectives import (
     collectives_of,
     parse_collectives,
 )
+from shardscope.hlo.executions import Program, computation_instructions, executions_per_step
 from shardscope.hlo.groups import MeshLayout, expand_iota_groups, groups_to_axes
 from shardscope.hlo.metadata import module_path, pass_of
 from shardscope.hlo.module import HloParseError, read_module
@@ -52,9 +54,12 @@ __all__ = [
     "HloParseError",
     "MeshLayout",
     "Module",
+    "Program",
     "UnknownOp",
     "check_mesh",
     "collectives_of",
+    "computation_instructions",
+    "executions_per_step",
     "expand_iota_groups",
     "groups_to_axes",
     "module_path",
