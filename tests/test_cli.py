@@ -86,6 +86,39 @@ def test_unparsable_hlo_file(tmp_path):
     assert_user_error(run("collectives", str(tmp_path / "missing.txt")), "cannot read")
 
 
+FOUR_DEVICES = """HloModule four, num_partitions=4
+
+ENTRY main {
+  p = f32[8] parameter(0)
+  ROOT ag = f32[16] all-gather(p), dimensions={0}, replica_groups={{0,1},{2,3}}
+}
+"""
+
+
+def test_collectives_mesh_with_a_size_filled_from_the_module(tmp_path):
+    hlo = tmp_path / "four.hlo"
+    hlo.write_text(FOUR_DEVICES)
+    # data=2 x fsdp=(4 / 2): devices [[0, 1], [2, 3]], so {0,1} and {2,3} each vary along fsdp only.
+    result = run("collectives", str(hlo), "--mesh", "data=2,fsdp=-1", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["collectives"]
+    assert (row["op"], row["axes"], row["bytes"]) == ("all-gather", ["fsdp"], 64)
+    # fsdp=-1 alone is fsdp=4: no subset of one axis of 4 splits devices in pairs; the groups are shown.
+    result = run("collectives", str(hlo), "--mesh", "fsdp=-1", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["collectives"]
+    assert row["axes"] is None and row["groups"] == "{{0,1},{2,3}}"
+
+
+def test_collectives_of_a_truncated_file_say_what_was_read(tmp_path):
+    hlo = tmp_path / "cut.hlo"
+    hlo.write_text(FOUR_DEVICES[: FOUR_DEVICES.index("  ROOT")])
+    result = run("collectives", str(hlo))
+    assert result.exit_code == 0, result.output
+    (warning,) = result.stderr.strip().splitlines()
+    assert "ends inside computation 'main'" in warning and "read 0 computations in full" in warning
+
+
 @pytest.mark.parametrize(
     ("preset", "axes"),
     [

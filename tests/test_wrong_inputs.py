@@ -46,6 +46,15 @@ PRESET_FILES = {
     "pipeline_key.yaml": "mesh_axes: [stage, fsdp]\npipeline: {stages: 2}\n",
 }
 
+# An HLO module on 4 devices: one all-gather over pairs.
+FOUR_DEVICES = """HloModule four, num_partitions=4
+
+ENTRY main {
+  p = f32[8] parameter(0)
+  ROOT ag = f32[16] all-gather(p), dimensions={0}, replica_groups={{0,1},{2,3}}
+}
+"""
+
 CASES: list[tuple[tuple[str, ...], str]] = [
     # names
     (("dump", "deepseek-tin"), "did you mean 'deepseek-tiny'"),
@@ -144,6 +153,13 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     # HLO files
     (("collectives", "junk.txt"), "junk.txt"),
     (("collectives", "absent.txt"), "cannot read"),
+    (("collectives", "four.hlo", "--mesh", "data=3"), "has 3 devices but the module runs on 4"),
+    (("collectives", "four.hlo", "--mesh", "data=2,data=2"), "axis 'data' is given twice"),
+    (("collectives", "four.hlo", "--mesh", "fsdp=-1,expert=3"), "which the other axes (3) do not divide"),
+    (("collectives", "four.hlo", "--mesh", "fsdp=-1,expert=-1"), "only one axis may be -1"),
+    (("collectives", "headerless.hlo", "--mesh", "fsdp=-1"), "does not say how many devices"),
+    (("collectives", "four.hlo", "--mesh", "fsdp=four"), "fsdp=four"),
+    (("collectives", "twice.hlo"), "a second 'HloModule' header"),
     # usage
     (("dump", "deepseek-tiny", "--presets", "default"), "No such option: --presets"),
     (("explain",), "Missing argument"),
@@ -162,6 +178,9 @@ def workdir(tmp_path, monkeypatch):
     newer = (GOLDEN / "default.json").read_text().replace('"shardscope.plan/1"', '"shardscope.plan/9"')
     (tmp_path / "newer.json").write_text(newer)
     (tmp_path / "junk.txt").write_text("this is not an HLO module\n")
+    (tmp_path / "four.hlo").write_text(FOUR_DEVICES)
+    (tmp_path / "headerless.hlo").write_text(FOUR_DEVICES.partition("\n")[2])
+    (tmp_path / "twice.hlo").write_text(FOUR_DEVICES + FOUR_DEVICES)
     (tmp_path / "empty").mkdir()
     (tmp_path / "golden").mkdir()
     (tmp_path / "golden" / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: default}\n")
