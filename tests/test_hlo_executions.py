@@ -169,6 +169,8 @@ def test_instructions_in_text_order_however_they_are_printed() -> None:
     entry = read.by_name["main"]
     assert entry.printed is not None and len(entry.spanning) == 1  # the fast path, one spanning instruction
     assert [i.name for i in computation_instructions(read, "main")] == ["x", "zero", "t", "w", "f"]
+    assert read.by_name["cond"].printed is not None  # read by the line scans too, its header no instruction
+    assert [i.name for i in computation_instructions(read, "cond")] == ["t", "i", "n", "lt"]
     assert [i.opcode for i in computation_instructions(read, "body")] == [
         i.opcode for i in computation_instructions(module, "body")
     ]

@@ -52,11 +52,7 @@ _CALL_HIT = re.compile(r"=\{?%")
 _CALL_VALUE = re.compile(r"=(\{%[^}\n]*\}|%[A-Za-z_][A-Za-z0-9_.\-]*)")
 _CALLEE = re.compile(r"%([A-Za-z_][A-Za-z0-9_.\-]*)")
 _INDEX_COMMENT = re.compile(r"/\*[^*\n]*\*/")
-# A whole computation as the printer writes it: header, instruction lines, closing line, blank lines.
-_RUN = re.compile(
-    r"((ENTRY )?%([A-Za-z_][A-Za-z0-9_.\-]*) [^\n]*\{\n)(?:  (?:ROOT )?%[^\n]*+\n)*+"
-    r"(\}(?:, execution_thread=\"[^\"\\\n]*\")?[ \t]*)(?:\n(?:[ \t\r]*\n)*|\Z)"
-)
+_BLANK_AFTER = re.compile(r"\n(?:[ \t\r]*\n)*|\Z")
 _BLANK_LINES = re.compile(r"(?:[ \t]*\n)*")
 _FULL_READ = frozenset({"while", "conditional", "async-start"})  # lines always read whole
 
@@ -133,20 +129,31 @@ def read_printed_run(text: str, pos: int, hits: list[int], inert: set[str], out:
     """
     k = bisect.bisect_left(hits, pos)
     size = len(hits)
-    run = _RUN.match
+    header_at, line_after, closing_at, blank_after = (
+        _HEADER.match,
+        _NOT_INSTRUCTION_LINE.search,
+        _CLOSING.match,
+        _BLANK_AFTER.match,
+    )
     while True:
-        m = run(text, pos)
-        if m is not None:
-            (_, after), (body_start, _), entry, (name_start, name_end), (body_end, end) = m.regs
+        # A computation as the printer writes it: its header line, lines that each start an instruction,
+        # its closing line, blank lines. (Three C-speed steps; one regex for the whole is twice as slow.)
+        header = header_at(text, pos)
+        rest = line_after(text, header.end() - 1) if header is not None else None
+        closing = closing_at(text, rest.end()) if rest is not None else None
+        if header is not None and closing is not None:
+            body_start, body_end, end = header.end(), closing.start(), closing.end()
+            after = blank_after(text, end).end()  # type: ignore[union-attr]  # at a line's end: always matches
+            is_entry = header.start(1) >= 0
             while k < size and hits[k] < body_start:
                 k += 1
             if k == size or hits[k] >= body_end:  # nothing here that matters: the common case, made cheap
-                name = text[name_start:name_end]
-                out.append(Computation(name, entry[0] >= 0, pos, end, True, (), (), (), (body_start, body_end)))
+                name = header.group(2)
+                out.append(Computation(name, is_entry, pos, end, True, (), (), (), (body_start, body_end)))
                 inert.add(name)
                 pos = after
                 continue
-            pc = PrintedComputation(text[name_start:name_end], entry[0] >= 0, pos, (body_start, body_end), end, ())
+            pc = PrintedComputation(header.group(2), is_entry, pos, (body_start, body_end), end, ())
         else:
             located = _locate(text, pos)  # instructions printed over several lines, or no printed form
             if located is None:
