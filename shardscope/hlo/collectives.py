@@ -32,7 +32,7 @@ from shardscope.hlo.groups import (
     parse_replica_groups,
 )
 from shardscope.hlo.metadata import module_path, pass_of
-from shardscope.hlo.module import read_module
+from shardscope.hlo.module import gc_paused, read_module
 from shardscope.hlo.notices import module_notices
 from shardscope.hlo.records import COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info
@@ -231,7 +231,8 @@ def parse_collectives(hlo_text: str | bytes, mesh: MeshLayout | None = None) -> 
       HloParseError: if the text is no HLO module, or one XLA's parser rejects as a whole (a computation
         defined twice, two ENTRY computations, two modules).
     """
-    return collectives_of(read_module(hlo_text), mesh)
+    with gc_paused():
+        return collectives_of(read_module(hlo_text), mesh)
 
 
 def check_mesh(parsed: HloCollectives, mesh: MeshLayout) -> None:

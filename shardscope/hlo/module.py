@@ -4,7 +4,8 @@ every call between them, and what the text left out (a truncated file, malformed
 Computations in XLA's printed form are read by `printed` (line scans); every other computation, and any
 text between computations, by `grammar` (tokens). Both give the same records. Only the instructions that
 matter are kept (collectives and their async halves, collective-like opcodes, loops); `InstructionTable`
-reads any other instruction of a computation on demand (loop trip counts need a few).
+reads any other instruction of a computation on demand (loop trip counts need a few), and
+`executions.Program` every instruction of the computations that run (a count of FLOPs needs them all).
 
 XLA's rules, where they bear on what is counted: a computation name defined twice, a second `ENTRY` or a
 second `HloModule` is an error (XLA's parser rejects them too); without `ENTRY`, the last computation is
@@ -13,7 +14,10 @@ the entry; `HloModule` may be absent.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
+from collections.abc import Iterator
 
 from shardscope.errors import ShardscopeError
 from shardscope.hlo.grammar import ComputationText, is_computation_start, read_computation, read_instruction
@@ -23,7 +27,7 @@ from shardscope.hlo.printed import calls_of, read_printed_run, scan_hits
 from shardscope.hlo.records import Computation, Instruction, Module, Truncation, matters
 from shardscope.hlo.text import WORD, Cursor, decode, line_of
 
-__all__ = ["HloParseError", "InstructionTable", "read_module"]
+__all__ = ["HloParseError", "InstructionTable", "gc_paused", "read_module"]
 
 _BLANK = re.compile(r"[ \t\r\n]*")
 _LINE_NAME = re.compile(r"\n  (ROOT )?%([A-Za-z_][A-Za-z0-9_.\-]*) = ")
@@ -58,7 +62,28 @@ def read_module(data: str | bytes) -> Module:
       HloParseError: if the text holds no computation, names a computation twice, has two ENTRY
         computations or a second `HloModule` header.
     """
-    text = decode(data)
+    with gc_paused():
+        return _read_module(decode(data))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pauses the cyclic garbage collector (if it runs) for the block.
+
+    A dump holds 100,000s of computations: records without cycles, whose creation would otherwise set off
+    the collector over and over, each time walking every object of the process (a quarter of the reading
+    time in a process that has compiled a model).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_module(text: str) -> Module:
     hits: list[int] | None = None
     computations: list[Computation] = []
     inert: set[str] = set()  # computations read so far that hold nothing that counts
