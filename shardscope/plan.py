@@ -89,7 +89,7 @@ class Plan:
     schema: str = SCHEMA
     extra: tuple[tuple[str, Any], ...] = field(default=())  # unknown top-level keys, kept on round-trip
     parts: tuple[str, ...] = PARTS
-    # Per-device work of the compiled step ("flops", "bytes_accessed"; see `shardscope.hlo.work`); empty in
+    # Per-device work of the compiled step ("flops", "bytes_accessed"; see `shardscope.cost.work`); empty in
     # plans that were not compiled or were written before it was recorded.
     compute: tuple[tuple[str, int], ...] = ()
     # What the plan costs on a target TPU (`shardscope.cost.price_plan`): derived from the fields above and a

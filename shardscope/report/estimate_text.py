@@ -50,12 +50,21 @@ def step_label(estimate: Estimate) -> str:
     return f"{human_seconds(low)} – {human_seconds(high)} (communication hidden – not hidden)"
 
 
+def human_flops(flops: float) -> str:
+    """ "5.55 TFLOP", "97.3 MFLOP": three significant digits in the largest unit under the figure."""
+    for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP"), (1e3, "kFLOP")):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {unit}"
+    return f"{flops:.3g} FLOP"
+
+
 def compute_label(estimate: Estimate) -> str:
     """ "12.1 ms (compute-bound, 5.55 TFLOP / device)", or why it is unknown."""
     compute = estimate.compute
     if compute.flops is None:
         return "unknown (the plan records no compiled work: a tensors-only or older plan)"
-    return f"{human_seconds(compute.seconds)} ({compute.bound}-bound, {compute.flops / 1e12:.3g} TFLOP per device)"
+    work = f"{human_flops(compute.flops)} and {human_bytes(int(compute.bytes_accessed or 0))} of HBM per device"
+    return f"{human_seconds(compute.seconds)} ({compute.bound}-bound: {work})"
 
 
 def memory_verdict(estimate: Estimate) -> str:
