@@ -170,6 +170,20 @@ def test_collective_permute_is_a_shift_along_one_axis(pairs: str, axes: tuple[st
     assert (row.axes, row.shift, row.groups, row.bytes) == (axes, shift, None, 512)
 
 
+def test_a_ring_through_every_device_shifts_along_the_axes_it_carries_through() -> None:
+    # fsdp=4 x expert=2, expert minor: device d sits at (d // 2, d % 2), so d -> d+1 steps along expert and
+    # carries into fsdp at every odd d: one ring of eight over both axes, as a decomposed all-gather makes.
+    forward = [(d, (d + 1) % 8) for d in range(8)]
+    backward = [(d, (d - 1) % 8) for d in range(8)]
+    assert pairs_to_shift(forward, MESH) == (("fsdp", "expert"), 1)
+    assert pairs_to_shift(backward, MESH) == (("fsdp", "expert"), -1)
+    # Size-1 axes inside the run shift nothing and are not named.
+    spaced = MeshLayout(("fsdp", "stage", "expert"), (4, 1, 2))
+    assert pairs_to_shift(forward, spaced) == (("fsdp", "expert"), 1)
+    # Not one uniform step on the run's index: two rings of four, one per expert, interleaved wrongly.
+    assert pairs_to_shift([(0, 3), (3, 0)], MESH) is None
+
+
 def test_irregular_or_meshless_permute_keeps_its_pairs() -> None:
     line = "%cp = f32[8,16]{1,0} collective-permute(%p), channel_id=1, source_target_pairs={{3,0},{0,3}}"
     row = only(module(line))
