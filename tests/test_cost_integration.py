@@ -110,7 +110,9 @@ def test_diff_json_carries_both_estimates():
 def test_the_reports_show_the_change_in_time():
     old, new = unpriced(GOLDEN / "cpu-8" / "default.json"), unpriced(GOLDEN / "cpu-8" / "ep-as-cp.json")
     diff = diff_plans(old, new, hardware="v5p")
-    delta = independent(new, "v5p").communication - independent(old, "v5p").communication
+    # Both plans know their compiled work, so the headline compares whole steps (compute + communication).
+    assert old.compute and new.compute
+    delta = independent(new, "v5p").step_no_overlap - independent(old, "v5p").step_no_overlap
     headline = f"{signed_seconds(delta)} per step over default on v5p 2x2x2"
     assert headline in render_markdown(diff)
     page = render_html(diff)
@@ -142,6 +144,6 @@ def test_diff_cli_prints_the_cost_headline(tmp_path):
     result = runner.invoke(app, [*args, "--hardware", "v5p"], terminal_width=200)
     assert result.exit_code == 1
     old, new = unpriced(GOLDEN / "cpu-8" / "default.json"), unpriced(GOLDEN / "cpu-8" / "ep-as-cp.json")
-    delta = independent(new, "v5p").communication - independent(old, "v5p").communication
+    delta = independent(new, "v5p").step_no_overlap - independent(old, "v5p").step_no_overlap
     assert f"{signed_seconds(delta)} per step over default on v5p 2x2x2" in result.output
     assert "Estimated time per step (v5p 2x2x2, efficiency 0.82)" in result.output
