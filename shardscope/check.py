@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardscope.diff import PlanDiff, diff_plans
 from shardscope.errors import PlanError
@@ -27,6 +28,19 @@ class CaseOutcome:
     path: Path
     diff: PlanDiff | None = None
     message: str = ""
+
+
+def outcome_to_json(outcome: CaseOutcome) -> dict[str, Any]:
+    """One outcome as plain data: case, status, golden path, message, and the diff when there is one."""
+    from shardscope.diff import diff_to_json
+
+    return {
+        "case": outcome.case_id,
+        "status": outcome.status,
+        "golden": str(outcome.path),
+        "message": outcome.message,
+        "diff": diff_to_json(outcome.diff) if outcome.diff is not None and not outcome.diff.same else None,
+    }
 
 
 def _failed(result: DumpResult, path: Path) -> CaseOutcome:

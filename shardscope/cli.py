@@ -15,8 +15,28 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="See where every tensor of a sharded JAX model lives and what the devices say to each other.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        typer.echo(f"shardscope {metadata.version('shardscope')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """See where every tensor of a sharded JAX model lives and what the devices say to each other."""
+
 
 MeshOption = Annotated[
     str | None, typer.Option("--mesh", help="Mesh axis sizes, e.g. fsdp=4,expert=2 (-1 fills the remaining devices).")
@@ -25,6 +45,17 @@ PresetOption = Annotated[str, typer.Option("--preset", "-p", help="Built-in pres
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of tables.")]
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the plan JSON here (- for standard output).")
+]
+HardwareOption = Annotated[
+    str | None,
+    typer.Option(
+        "--hardware",
+        help="Price the plan on a TPU generation (v4, v5e, v5p, v6e, tpu7x); TPU topologies price as themselves.",
+    ),
+]
+EfficiencyOption = Annotated[
+    float | None,
+    typer.Option("--efficiency", help="Fraction of link bandwidth collectives reach (default: the hardware table's)."),
 ]
 
 
@@ -69,13 +100,46 @@ def _quiet_compiler_logs() -> None:
 
 
 @app.command("list")
-def list_command() -> None:
-    """Models, presets and topologies shardscope knows."""
+def list_command(as_json: JsonOption = False) -> None:
+    """Models, presets, topologies and hardware shardscope knows."""
     from rich.table import Table
     from rich.text import Text
 
     from reference_models import MODELS
+    from shardscope.cost.hardware import known_hardware
     from shardscope.presets import builtin_preset_names, get_preset
+    from shardscope.tpu import known_tpu_names, libtpu_version, parse_tpu_slice
+
+    if as_json:
+        data = {
+            "models": {
+                name: {
+                    "family": cfg.family,
+                    "layers": cfg.num_layers,
+                    "dense_layers": cfg.first_dense_layers,
+                    "experts": cfg.num_experts,
+                    "experts_per_token": cfg.num_experts_per_token,
+                    "embed": cfg.embed_dim,
+                    "seq_len": cfg.seq_len,
+                }
+                for name, cfg in MODELS.items()
+            },
+            "presets": {
+                name: {
+                    "moe": (p := get_preset(name)).moe,
+                    "shard_mode": p.shard_mode,
+                    "mesh": dict(p.mesh),
+                    "origin": p.origin,
+                    "description": p.description,
+                }
+                for name in builtin_preset_names()
+            },
+            "topologies": {name: parse_tpu_slice(name).num_devices for name in known_tpu_names()},
+            "libtpu": libtpu_version(),
+            "hardware": known_hardware(),
+        }
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
 
     console = make_console()
     models = Table(title="Models", title_justify="left", show_edge=False)
@@ -102,19 +166,20 @@ def list_command() -> None:
     topologies.add_column("name")
     topologies.add_column("devices")
     topologies.add_row("cpu-N", "N fake CPU devices (default cpu-8; e.g. cpu-256 for real model shapes)")
-    from shardscope.tpu import known_tpu_names, libtpu_version, parse_tpu_slice
-
     installed = libtpu_version()
     for name in known_tpu_names():
         note = f"{parse_tpu_slice(name).num_devices} TPU devices"
         needs = Text(f"{note} (needs: pip install 'shardscope[tpu]')")  # Text: `[tpu]` is not markup
         topologies.add_row(name, note if installed else needs)
-    console.print(models, "", presets, "", topologies)
+    hardware = Text(f"hardware (--hardware): {', '.join(known_hardware())}")
+    console.print(models, "", presets, "", topologies, "", hardware)
 
 
 @app.command("dump")
 def dump_command(
-    model: Annotated[str, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`).")],
+    model: Annotated[
+        str | None, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`); or use --step.")
+    ] = None,
     preset: PresetOption = "default",
     topology: Annotated[str, typer.Option("--topology", "-t", help="cpu-N (N fake CPU devices).")] = "cpu-8",
     mesh: MeshOption = None,
@@ -133,25 +198,53 @@ def dump_command(
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
     ] = False,
     no_cache: NoCacheOption = False,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step",
+            help="Your own program: module:function returning (jitted step, args, mesh); see the README.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The plan's name for --step (default: the function's).")
+    ] = None,
 ) -> None:
-    """Compile one case and print its plan summary; write the plan JSON with -o."""
+    """Compile one case and print its plan summary with what it costs; write the plan JSON with -o."""
     from shardscope.case import parse_overrides, resolve_case
     from shardscope.topology import parse_mesh_arg, with_slices
 
+    case = None
     try:
         topology = with_slices(topology, slices)
-        case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
+        _check_model_or_step(model, step, preset, mesh, settings, tensors_only)
+        if step is None:
+            assert model is not None
+            case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
         from shardscope.atomic import check_writable
 
         if output is not None and str(output) != "-":
             check_writable(output, "-o")
         if csv is not None:
             check_writable(csv / "tensors.csv", "--csv")
+        from shardscope.cost.price import check_pricing, price_plan
+
+        if case is not None:
+            check_pricing(case.topology.name, case.mesh, hardware, efficiency)
         from shardscope.api import plan_resolved_case
         from shardscope.report.terminal import plan_summary
 
         _quiet_compiler_logs()
-        plan = plan_resolved_case(case, tensors_only, use_cache=not no_cache)
+        if step is not None:
+            from shardscope.step import parse_step_ref, plan_step_ref
+            from shardscope.topology import get_topology
+
+            ref = parse_step_ref(step)
+            plan = price_plan(plan_step_ref(ref, get_topology(topology), name), hardware, efficiency)
+        else:
+            assert case is not None
+            plan = price_plan(plan_resolved_case(case, tensors_only, use_cache=not no_cache), hardware, efficiency)
     except ShardscopeError as err:
         fail(err)
     if csv is not None:
@@ -170,7 +263,7 @@ def dump_command(
     console.print(plan_summary(plan))
     from shardscope.presets import absent_rule_axes
 
-    absent = absent_rule_axes(case.preset)
+    absent = absent_rule_axes(case.preset) if case is not None else ()
     if absent:
         console.print(
             f"note: the rules name mesh axes that mesh_axes lacks ({', '.join(absent)}): size 1, as MaxText "
@@ -179,6 +272,32 @@ def dump_command(
     for label, path in (("plan", output), ("tables", csv)):
         if path is not None:
             console.print(f"{label} written to {path}")
+
+
+def _check_model_or_step(
+    model: str | None,
+    step: str | None,
+    preset: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    tensors_only: bool,
+) -> None:
+    """A reference model or --step, never both; a step brings its own mesh and shardings."""
+    if (model is None) == (step is None):
+        raise ShardscopeError("dump needs a model name or --step module:function (one of them)")
+    if step is not None:
+        given = [
+            option
+            for option, value in (
+                ("--preset", preset != "default"),
+                ("--mesh", mesh),
+                ("--set", settings),
+                ("--tensors-only", tensors_only),
+            )
+            if value
+        ]
+        if given:
+            raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")
 
 
 @app.command("explain")
@@ -220,20 +339,21 @@ def collectives_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """The collectives table of any HLO text file, in your mesh axes."""
-    from shardscope.hlo import HloParseError, MeshLayout, parse_collectives
-    from shardscope.topology import parse_mesh_arg
+    from shardscope.hlo import HloParseError, check_mesh, collectives_of, read_module
 
     try:
-        sizes = parse_mesh_arg(mesh or "")
         try:
-            text = hlo_file.read_text(encoding="utf-8", errors="replace")
+            data = hlo_file.read_bytes()
         except OSError as err:
             raise ShardscopeError(f"cannot read {hlo_file}: {err.strerror}") from None
-        layout = MeshLayout(tuple(sizes), tuple(sizes.values())) if sizes else None
         try:
-            parsed = parse_collectives(text, layout)
+            module = read_module(data)
         except HloParseError as err:
             raise ShardscopeError(f"{hlo_file}: {err}") from None
+        layout = _collectives_mesh(mesh, module.num_devices) if mesh else None
+        parsed = collectives_of(module, layout)
+        if layout is not None:
+            check_mesh(parsed, layout)
     except ShardscopeError as err:
         fail(err)
     from shardscope.collectives import collective_rows
@@ -243,6 +363,7 @@ def collectives_command(
         payload = {
             "collectives": [c.to_dict() for c in parsed.collectives],
             "unknown": [u.__dict__ for u in parsed.unknown],
+            "notices": list(parsed.notices),
         }
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
         return
@@ -252,6 +373,39 @@ def collectives_command(
     console.print(collectives_table(rows), "", traffic_tables(rows))
     for unknown in parsed.unknown:
         console.print(f"[yellow]not understood:[/] {unknown.op} (line {unknown.line})")
+    for notice in parsed.notices:
+        typer.echo(f"shardscope: warning: {hlo_file}: {notice}", err=True)
+
+
+def _collectives_mesh(text: str, num_devices: int | None):
+    """The `--mesh` of `collectives` as a layout: each axis once, a -1 filled from the module's devices."""
+    from shardscope.errors import MeshError
+    from shardscope.hlo import MeshLayout
+    from shardscope.topology import parse_mesh_arg
+
+    sizes = parse_mesh_arg(text)
+    names = [part.partition("=")[0].strip() for part in text.split(",") if part.strip()]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise MeshError(f"--mesh {text!r}: axis {repeated[0]!r} is given twice; name each mesh axis once")
+    if not sizes:
+        raise MeshError(f"--mesh {text!r}: expected axis=size pairs like 'fsdp=4,expert=2'")
+    fill = [axis for axis, size in sizes.items() if size == -1]
+    if fill:
+        known = 1
+        for size in sizes.values():
+            known *= size if size > 0 else 1
+        if len(fill) > 1 or num_devices is None or num_devices % known:
+            why = (
+                "only one axis may be -1"
+                if len(fill) > 1
+                else "the module does not say how many devices it runs on; give every size"
+                if num_devices is None
+                else f"the module runs on {num_devices} devices, which the other axes ({known}) do not divide"
+            )
+            raise MeshError(f"--mesh {text!r}: cannot fill {fill[0]!r} (-1): {why}")
+        sizes[fill[0]] = num_devices // known
+    return MeshLayout(tuple(sizes), tuple(sizes.values()))
 
 
 HtmlOption = Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report here.")]
@@ -281,8 +435,12 @@ def diff_command(
     new: Annotated[Path, typer.Argument(help="The plan after (JSON).")],
     html: HtmlOption = None,
     markdown: MarkdownOption = None,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Semantic diff of two plans. Exit 0 when they mean the same, 1 when they differ."""
+    """Semantic diff of two plans, with what the change costs per step. Exit 0 when they mean the same,
+    1 when they differ."""
     from shardscope.diff import diff_plans
     from shardscope.plan import load_plan
     from shardscope.report.diff_terminal import diff_renderable
@@ -293,10 +451,15 @@ def diff_command(
                 from shardscope.atomic import check_writable
 
                 check_writable(report, "report")
-        diff = diff_plans(load_plan(old), load_plan(new))
+        diff = diff_plans(load_plan(old), load_plan(new), hardware=hardware, efficiency=efficiency)
     except ShardscopeError as err:
         fail(err)
-    make_console().print(diff_renderable(diff))
+    if as_json:
+        from shardscope.diff import diff_to_json
+
+        typer.echo(json.dumps(diff_to_json(diff), indent=2, sort_keys=True))
+    else:
+        make_console().print(diff_renderable(diff))
     _write_reports([diff], html, markdown)
     raise typer.Exit(0 if diff.same else 1)
 
@@ -331,6 +494,7 @@ def check_command(
         typer.Option("--require-all", help="Fail when a case cannot be checked here (a TPU case without libtpu)."),
     ] = False,
     no_cache: NoCacheOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Re-dump every golden case and diff it. Exit 0 all same, 1 any changed/missing/orphaned, 2 bad input."""
     from rich.text import Text
@@ -352,16 +516,27 @@ def check_command(
         )
     except ShardscopeError as err:
         fail(err)
-    console = make_console()
-    for outcome in outcomes:
-        if outcome.status == "changed" and outcome.diff is not None:
-            console.print(f"[bold]{outcome.case_id}[/] changed:")
-            console.print(diff_renderable(outcome.diff))
-    console.print(_outcome_table(outcomes))
     summary = check_summary(outcomes, golden)
-    console.print(Text(summary.line, "bold red" if summary.failed(require_all) else "bold green"))
-    for hint in summary.hints:
-        console.print(Text(hint))
+    if as_json:
+        from shardscope.check import outcome_to_json
+
+        data = {
+            "summary": summary.line,
+            "failed": summary.failed(require_all),
+            "hints": list(summary.hints),
+            "cases": [outcome_to_json(o) for o in outcomes],
+        }
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        console = make_console()
+        for outcome in outcomes:
+            if outcome.status == "changed" and outcome.diff is not None:
+                console.print(f"[bold]{outcome.case_id}[/] changed:")
+                console.print(diff_renderable(outcome.diff))
+        console.print(_outcome_table(outcomes))
+        console.print(Text(summary.line, "bold red" if summary.failed(require_all) else "bold green"))
+        for hint in summary.hints:
+            console.print(Text(hint))
     if html is not None:
         from shardscope.atomic import write_atomic
         from shardscope.check import outcome_diff
@@ -387,6 +562,7 @@ def update_command(
     golden: GoldenOption = Path("golden"),
     jobs: JobsOption = 0,
     no_cache: NoCacheOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Regenerate goldens (all, or the named cases); every write is atomic."""
     from shardscope.check import update_goldens
@@ -401,10 +577,17 @@ def update_command(
         )
     except ShardscopeError as err:
         fail(err)
-    console = make_console()
-    console.print(_outcome_table(outcomes))
-    for orphan in orphan_goldens(golden, all_cases):
-        console.print(f"[yellow]orphaned golden (no case owns it):[/] {orphan}")
+    orphans = orphan_goldens(golden, all_cases)
+    if as_json:
+        from shardscope.check import outcome_to_json
+
+        data = {"cases": [outcome_to_json(o) for o in outcomes], "orphans": [str(p) for p in orphans]}
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        console = make_console()
+        console.print(_outcome_table(outcomes))
+        for orphan in orphans:
+            console.print(f"[yellow]orphaned golden (no case owns it):[/] {orphan}")
     if any(o.status == "error" for o in outcomes):
         raise typer.Exit(2)
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardscope.hlo import HloCollectives, MeshLayout, parse_collectives
+from shardscope.hlo import HloCollectives, MeshLayout
+from shardscope.hlo.collectives import collectives_of
+from shardscope.hlo.module import read_module
+from shardscope.hlo.records import Module
 from shardscope.plan import CollectiveRow
 
 
@@ -28,7 +31,8 @@ def collective_rows(parsed: HloCollectives) -> tuple[CollectiveRow, ...]:
     )
 
 
-def extract_collectives(hlo_text: str, mesh: Sequence[tuple[str, int]]) -> tuple[CollectiveRow, ...]:
-    """Collective rows of a compiled module, in the case's mesh axes."""
+def extract_collectives(hlo: str | Module, mesh: Sequence[tuple[str, int]]) -> tuple[CollectiveRow, ...]:
+    """Collective rows of a compiled module (its text, or the module read from it), in the case's mesh axes."""
     layout = MeshLayout(axis_names=tuple(a for a, _ in mesh), axis_sizes=tuple(s for _, s in mesh))
-    return collective_rows(parse_collectives(hlo_text, layout))
+    module = hlo if isinstance(hlo, Module) else read_module(hlo)
+    return collective_rows(collectives_of(module, layout))

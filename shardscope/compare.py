@@ -19,7 +19,12 @@ SECTIONS = (
     ("traffic per pass", "bytes per device per step"),
     ("memory (compiler)", "bytes per device"),
     ("tensor bytes", "bytes per device"),
+    ("estimated time", "seconds per step"),
+    ("estimated time per mesh axis", "seconds per step"),
+    ("estimated HBM need", "bytes per device"),
 )
+# Sections whose values are seconds (the rest are bytes).
+TIME_SECTIONS = frozenset(("estimated time", "estimated time per mesh axis"))
 
 
 @dataclass(frozen=True)
@@ -129,4 +134,38 @@ def compare_plans(plans: Sequence[Plan], names: Sequence[str] | None = None) -> 
         }
     )
     rows += _section_rows("tensor bytes", kinds.reindex(columns=list(names)).fillna(0.0), names)
+    rows += _estimate_rows(plans, names)
     return Comparison(names=names, plans=tuple(plans), rows=tuple(rows))
+
+
+def _estimate_rows(plans: Sequence[Plan], names: Sequence[str]) -> list[ComparisonRow]:
+    """Estimated time (step bounds, communication, compute, per mesh axis) and HBM need of the priced plans."""
+    import pandas as pd
+
+    estimates = {name: plan.estimate for name, plan in zip(names, plans, strict=True) if plan.estimate is not None}
+    if not estimates:
+        return []
+
+    def known(value: float, estimate: Any) -> float | None:
+        return value if estimate.compute.flops is not None else None
+
+    totals = pd.DataFrame(
+        {
+            name: {
+                "step, not hidden": known(e.step_no_overlap, e),
+                "step, hidden": known(e.step_full_overlap, e),
+                "communication": e.communication,
+                "compute": known(e.compute.seconds, e),
+            }
+            for name, e in estimates.items()
+        }
+    )
+    totals = totals.dropna(how="all")
+    axes = pd.DataFrame({name: dict(e.by_axes) for name, e in estimates.items()})
+    memory = pd.DataFrame(
+        {name: {**dict(e.memory.categories), "total": e.memory.total} for name, e in estimates.items()}
+    )
+    rows = _section_rows("estimated time", totals.reindex(columns=list(names)), names)
+    rows += _section_rows("estimated time per mesh axis", axes.reindex(columns=list(names)).fillna(0.0), names)
+    rows += _section_rows("estimated HBM need", memory.reindex(columns=list(names)), names)
+    return rows

@@ -15,6 +15,8 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from shardscope.cost.estimate import Estimate
+from shardscope.errors import ShardscopeError
 from shardscope.lint.catalogue import COMPILE, LINTS
 from shardscope.lint.finding import Finding, finding_to_json, sort_findings
 from shardscope.plan import PASSES, CaseRecord, CollectiveRow, Plan, TensorRecord
@@ -35,7 +37,17 @@ COLLECTIVE_KINDS = ("collective_removed", "collective_added", "collective_change
 # Lint findings a change resolved, added, or changed the figures of (same lint, same subject).
 FINDING_KINDS = ("finding_resolved", "finding_added", "finding_changed")
 # Every kind of change, in report order; "extra_changed" covers unknown top-level plan fields.
-CHANGE_KINDS = ("case", "extra_changed", "memory_changed", *TENSOR_KINDS, *COLLECTIVE_KINDS, *FINDING_KINDS)
+CHANGE_KINDS = (
+    "case",
+    "extra_changed",
+    "memory_changed",
+    "compute_changed",
+    *TENSOR_KINDS,
+    *COLLECTIVE_KINDS,
+    *FINDING_KINDS,
+)
+# Compiled work figures that follow fusion decisions, compared with the temp_bytes tolerance.
+TOLERANT_COMPUTE_FIELDS = ("bytes_accessed",)
 
 # The identity of a collective row: (op, axes, groups, dtype, shape, pass, source, shift).
 CollectiveKey = tuple[str, tuple[str, ...] | None, str | None, str, tuple[int, ...], str, str, int | None]
@@ -111,6 +123,10 @@ class PlanDiff:
     provenance_before: tuple[tuple[str, Any], ...] = field(default=())
     provenance_after: tuple[tuple[str, Any], ...] = field(default=())
     unchanged_findings: tuple[Finding, ...] = field(default=())  # lint findings both plans hold
+    # Both plans priced on one target (`shardscope.cost.price`), or None when neither has one; shown, and
+    # never part of the verdict: an estimate is derived from what is compared above.
+    cost_before: Estimate | None = None
+    cost_after: Estimate | None = None
 
     @property
     def same(self) -> bool:
@@ -392,12 +408,14 @@ def within_tolerance(before: int, after: int, tolerance: float) -> bool:
     return abs(after - before) <= tolerance * max(abs(before), abs(after))
 
 
-def _diff_memory(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], list[str]]:
-    before, after = dict(old.memory), dict(new.memory)
-    exact = [f"root[{name!r}]" for name in TOLERANT_MEMORY_FIELDS if name in before and name in after]
-    changes = _root_changes("memory_changed", before, after, exclude_paths=exact)
+def _diff_figures(
+    kind: str, before: dict[str, int], after: dict[str, int], tolerant: Sequence[str], tolerance: float
+) -> tuple[list[Change], list[str]]:
+    """Changes of a flat dict of compiler figures, those in `tolerant` allowed to move within `tolerance`."""
+    exact = [f"root[{name!r}]" for name in tolerant if name in before and name in after]
+    changes = _root_changes(kind, before, after, exclude_paths=exact)
     notes = []
-    for name in TOLERANT_MEMORY_FIELDS:
+    for name in tolerant:
         if name not in before or name not in after or before[name] == after[name]:
             continue
         move = after[name] - before[name]
@@ -405,17 +423,73 @@ def _diff_memory(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], 
         if within_tolerance(before[name], after[name], tolerance):
             notes.append(f"{name} moved by {move:+d} B ({relative:+.2%}), within the {tolerance:.0%} tolerance")
         else:
-            changes.append(Change("memory_changed", name, before[name], after[name]))
+            changes.append(Change(kind, name, before[name], after[name]))
     return sorted(changes, key=lambda c: c.subject), notes
 
 
-def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOLERANCE) -> PlanDiff:
-    """Compares two plans by meaning; provenance is never part of the verdict.
+def _diff_memory(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], list[str]]:
+    return _diff_figures("memory_changed", dict(old.memory), dict(new.memory), TOLERANT_MEMORY_FIELDS, tolerance)
+
+
+def _diff_compute(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change], list[str]]:
+    # A plan written before work figures were recorded has none: nothing to compare, not a change.
+    if not old.compute or not new.compute:
+        return [], []
+    return _diff_figures("compute_changed", dict(old.compute), dict(new.compute), TOLERANT_COMPUTE_FIELDS, tolerance)
+
+
+def price_pair(
+    old: Plan, new: Plan, hardware: str | None = None, efficiency: float | None = None
+) -> tuple[Estimate | None, Estimate | None, list[str]]:
+    """Both plans priced on one target, so their times compare: `hardware` if named, else the generation
+    either plan was priced on (the new one first), else each TPU plan's own topology.
+
+    Raises:
+      ShardscopeError: a named `hardware` the plans cannot be priced on (unknown, or a mesh that is no
+        slice of it). Without one, a side that cannot be priced is left out with a note.
+    """
+    from shardscope.cost.price import price_plan
+
+    chosen = hardware
+    if chosen is None:
+        priced = [plan.estimate for plan in (new, old) if plan.estimate is not None]
+        if priced:
+            chosen = priced[0].hardware
+            if efficiency is None and priced[0].efficiency_source == "caller":
+                efficiency = priced[0].efficiency
+    sides: list[Estimate | None] = []
+    notes: list[str] = []
+    for name, plan in (("old", old), ("new", new)):
+        try:
+            sides.append(price_plan(plan, chosen, efficiency).estimate)
+        except ShardscopeError as err:
+            if hardware is not None:
+                raise
+            sides.append(None)
+            notes.append(f"the {name} plan is not priced: {err}")
+    if chosen is None and (sides[0] is None) != (sides[1] is None):
+        # One TPU plan and one CPU plan: price the CPU side as the TPU side's generation.
+        target = (sides[0] or sides[1]).hardware  # type: ignore[union-attr]
+        return price_pair(old, new, target, efficiency)
+    return sides[0], sides[1], notes
+
+
+def diff_plans(
+    old: Plan,
+    new: Plan,
+    *,
+    temp_tolerance: float = DEFAULT_TEMP_TOLERANCE,
+    hardware: str | None = None,
+    efficiency: float | None = None,
+) -> PlanDiff:
+    """Compares two plans by meaning; provenance and estimates are never part of the verdict.
 
     Args:
       old: the baseline (a golden, the plan before a change).
       new: the candidate.
-      temp_tolerance: relative move of `temp_bytes` that is not a change (see DEFAULT_TEMP_TOLERANCE).
+      temp_tolerance: relative move of `temp_bytes` (and `bytes_accessed`) that is not a change (see
+        DEFAULT_TEMP_TOLERANCE).
+      hardware, efficiency: price both plans on this TPU generation (see `price_pair`).
 
     Returns:
       A PlanDiff whose changes are ordered case, extra, memory, tensors (by path), collectives (by
@@ -429,6 +503,10 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
     notes: list[str] = []
     if "memory" in shared:
         memory_changes, notes = _diff_memory(old, new, temp_tolerance)
+    compute_changes, compute_notes = _diff_compute(old, new, temp_tolerance)
+    notes += compute_notes
+    cost_before, cost_after, cost_notes = price_pair(old, new, hardware, efficiency)
+    notes += cost_notes
     missing = [part for part in ("collectives", "memory") if part not in shared]
     if missing:
         holder = "both plans hold" if not ({*old.parts, *new.parts} - {"tensors"}) else "one plan holds"
@@ -442,7 +520,9 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
     return PlanDiff(
         old_case=old.case,
         new_case=new.case,
-        changes=tuple(changes + memory_changes + tensor_changes + collective_changes + finding_changes),
+        changes=tuple(
+            changes + memory_changes + compute_changes + tensor_changes + collective_changes + finding_changes
+        ),
         totals_before=traffic_totals(kept_rows[0]),
         totals_after=traffic_totals(kept_rows[1]),
         memory_before=old.memory if "memory" in shared else (),
@@ -456,6 +536,8 @@ def diff_plans(old: Plan, new: Plan, *, temp_tolerance: float = DEFAULT_TEMP_TOL
         provenance_before=old.provenance,
         provenance_after=new.provenance,
         unchanged_findings=unchanged_findings,
+        cost_before=cost_before,
+        cost_after=cost_after,
     )
 
 
@@ -516,8 +598,18 @@ def diff_to_json(diff: PlanDiff) -> dict[str, Any]:
     def totals(t: TrafficTotals) -> dict[str, Any]:
         return {"total": t.total, "by_axes": dict(t.by_axes), "by_op": dict(t.by_op), "by_pass": dict(t.by_pass)}
 
+    def cost(estimate: Estimate | None) -> dict[str, Any] | None:
+        if estimate is None:
+            return None
+        from shardscope.cost.estimate_json import estimate_to_json
+
+        # The per-row times stay in the plans' own estimates; a diff carries the totals.
+        return {k: v for k, v in estimate_to_json(estimate).items() if k not in ("rows", "cross_slice")}
+
     return {
         "same": diff.same,
+        "cost_before": cost(diff.cost_before),
+        "cost_after": cost(diff.cost_after),
         "old": case_dict(diff.old_case),
         "new": case_dict(diff.new_case),
         "notes": list(diff.notes),

@@ -12,6 +12,9 @@ from reference_models.sharding import ActivationRecord, is_explicit
 from shardscope.case import Case
 from shardscope.collectives import extract_collectives
 from shardscope.compile import CompiledStep, TracedStep, compile_case, path_of, trace_case
+from shardscope.cost.work import step_work
+from shardscope.hlo.module import read_module
+from shardscope.hlo.records import Module
 from shardscope.lint.run import plan_findings, with_findings
 from shardscope.plan import SCHEMA, TENSORS_ONLY, CaseRecord, Plan, TensorRecord, tensor_record
 from shardscope.rules import Spec, normalize_entry
@@ -69,10 +72,15 @@ def _output_tensors(
     tensors: dict[str, TensorRecord] = {}
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(out_info)[0]:
         path = path_of(key_path[1:] if train_step and isinstance(out_info, tuple) else key_path)
-        spec = normalize_spec(leaf.sharding.spec, len(leaf.shape))
+        spec = normalize_spec(spec_of(leaf.sharding), len(leaf.shape))
         name = f"outputs/{path}" if path else "outputs"
         tensors[name] = tensor_record("output", leaf.shape, leaf.dtype, logical.get(path), spec, mesh)
     return tensors
+
+
+def spec_of(sharding: Any) -> Any:
+    """A sharding's PartitionSpec; a program jitted without a mesh keeps each value on one device, whole."""
+    return getattr(sharding, "spec", jax.sharding.PartitionSpec())
 
 
 def _input_tensors(compiled: Any, mesh: dict[str, int]) -> dict[str, TensorRecord]:
@@ -81,7 +89,7 @@ def _input_tensors(compiled: Any, mesh: dict[str, int]) -> dict[str, TensorRecor
     avals = jax.tree_util.tree_flatten_with_path(compiled.in_avals[0])[0]
     shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
     for (key_path, aval), sharding in zip(avals, shardings, strict=True):
-        spec = normalize_spec(sharding.spec, len(aval.shape))
+        spec = normalize_spec(spec_of(sharding), len(aval.shape))
         tensors[f"inputs/{path_of(key_path)}"] = tensor_record("input", aval.shape, aval.dtype, None, spec, mesh)
     return tensors
 
@@ -155,16 +163,26 @@ def _step_tensors(step: CompiledStep | TracedStep, out_info: Any) -> tuple[tuple
     return tuple(sorted(tensors.items()))
 
 
+def compute_of(module: Module) -> tuple[tuple[str, int], ...]:
+    """The plan's `compute` section: per-device FLOPs and bytes accessed per step (`shardscope.cost.work`),
+    and how many computations ran an unknown number of times (left out, so the figures are a floor)."""
+    work = step_work(module)
+    unknown = (("unknown_computations", work.unknown_computations),) if work.unknown_computations else ()
+    return tuple(sorted(work.as_compute() + unknown))
+
+
 def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     """The plan of a compiled step, given the text of its compiled HLO module."""
     case = step.case
+    module = read_module(hlo_text)
     return Plan(
         case=_case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
         tensors=_step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
-        collectives=extract_collectives(hlo_text, slice_mesh(case)),
+        collectives=extract_collectives(module, slice_mesh(case)),
         memory=_memory(step.compiled),
         schema=SCHEMA,
+        compute=compute_of(module),
     )
 
 
@@ -204,6 +222,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
     tensors.update(_output_tensors(compiled.out_info, sizes, {}, train_step=False))
     explicit = is_explicit(mesh)
     devices = mesh.devices.flat[0]
+    module = read_module(hlo_text or compiled.as_text())
     return Plan(
         case=CaseRecord(
             model=name,
@@ -214,7 +233,8 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
         ),
         provenance=provenance(devices.platform, {}),
         tensors=tuple(sorted(tensors.items())),
-        collectives=extract_collectives(hlo_text or compiled.as_text(), tuple(sizes.items())),
+        collectives=extract_collectives(module, tuple(sizes.items())),
         memory=_memory(compiled),
         schema=SCHEMA,
+        compute=compute_of(module),
     )

@@ -23,7 +23,7 @@ from shardscope.plan import Plan, check_schema, load_plan, plan_to_json
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
-_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name")
+_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency", "step")
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 
@@ -37,6 +37,9 @@ class GoldenCase:
     mesh: str = ""  # as --mesh takes it
     settings: tuple[str, ...] = ()  # as --set takes them
     name: str = ""  # file stem; the preset when empty
+    hardware: str | None = None  # the TPU generation a cpu-N plan is priced on (TPU topologies: their own)
+    efficiency: float | None = None  # fraction of link bandwidth collectives reach; None: the table's
+    step: str = ""  # a program of one's own (`module:function`, see shardscope.step); model is then its name
 
     @property
     def stem(self) -> str:
@@ -71,7 +74,13 @@ def load_manifest(root: Path) -> tuple[GoldenCase, ...]:
         raise ShardscopeError(f"{path}: malformed YAML{where}") from None
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
         raise ShardscopeError(f"{path}: expected a mapping with a 'cases' list")
-    cases = tuple(_parse_case(item, path, index) for index, item in enumerate(data["cases"]))
+    unknown = sorted(str(key) for key in data if key not in ("cases", "hardware"))
+    if unknown:
+        raise ShardscopeError(f"{path}: {unknown_name('key', unknown[0], ('cases', 'hardware')).args[0]}")
+    default_hardware = data.get("hardware")
+    if default_hardware is not None and not isinstance(default_hardware, str):
+        raise ShardscopeError(f"{path}: 'hardware' must be a TPU generation name such as v5p")
+    cases = tuple(_parse_case(item, path, index, default_hardware) for index, item in enumerate(data["cases"]))
     seen: dict[str, int] = {}
     for index, case in enumerate(cases):
         if case.case_id in seen:
@@ -80,25 +89,35 @@ def load_manifest(root: Path) -> tuple[GoldenCase, ...]:
     return cases
 
 
-def _parse_case(item: Any, path: Path, index: int) -> GoldenCase:
+def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None = None) -> GoldenCase:
     where = f"{path}: cases[{index}]"
     if not isinstance(item, dict):
         raise ShardscopeError(f"{where} must be a mapping like {{model: deepseek-tiny, preset: default}}")
     for key in item:
         if key not in _CASE_KEYS:
             raise ShardscopeError(f"{where}: {unknown_name('key', str(key), _CASE_KEYS).args[0]}")
+    if "step" in item:
+        return _parse_step_case(item, path, where, default_hardware)
     if "model" not in item or "preset" not in item:
-        raise ShardscopeError(f"{where}: needs 'model' and 'preset'")
+        raise ShardscopeError(f"{where}: needs 'model' and 'preset' (or 'step' and 'name')")
     settings = item.get("set", [])
     if isinstance(settings, str):
         settings = [settings]
+    efficiency = item.get("efficiency")
+    if efficiency is not None and (isinstance(efficiency, bool) or not isinstance(efficiency, int | float)):
+        raise ShardscopeError(f"{where}: 'efficiency' must be a number in (0, 1], found {efficiency!r}")
+    topology = str(item.get("topology", "cpu-8"))
+    # The manifest's hardware prices the CPU cases; a TPU case prices as its own topology unless it names one.
+    hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
     case = GoldenCase(
         model=str(item["model"]),
         preset=str(item["preset"]),
-        topology=str(item.get("topology", "cpu-8")),
+        topology=topology,
         mesh=str(item.get("mesh", "")),
         settings=tuple(str(s) for s in settings),
         name=str(item.get("name", "")),
+        hardware=None if hardware is None else str(hardware),
+        efficiency=None if efficiency is None else float(efficiency),
     )
     if case.preset.endswith((".yaml", ".yml")):
         # A project's own rule file, relative to the golden directory; its golden needs a name.
@@ -109,6 +128,38 @@ def _parse_case(item: Any, path: Path, index: int) -> GoldenCase:
             case, preset=str(preset_path if preset_path.is_absolute() else path.parent / preset_path)
         )
     for part in (case.model, case.topology, case.stem):
+        if not _NAME.fullmatch(part):
+            raise ShardscopeError(f"{where}: {part!r} cannot be part of a golden path")
+    return case
+
+
+def _parse_step_case(item: dict[str, Any], path: Path, where: str, default_hardware: str | None) -> GoldenCase:
+    """`{step: module:function, name: my-step}`: a program of one's own; its golden is <name>/<topology>/step.json.
+
+    A step given as a file (`steps/train.py:make_step`) is found relative to the golden directory, as preset
+    files are; a module (`my_pkg.steps:make_step`) is imported from the working directory.
+    """
+    extra = sorted(set(item) - {"step", "name", "topology", "hardware", "efficiency"})
+    if extra:
+        raise ShardscopeError(f"{where}: a step case brings its own mesh and shardings; {extra[0]!r} does not apply")
+    if not item.get("name"):
+        raise ShardscopeError(f"{where}: a step case needs a 'name' for its golden")
+    step = str(item["step"])
+    module, sep, function = step.rpartition(":")
+    if sep and module.endswith(".py") and not Path(module).is_absolute():
+        step = f"{path.parent / module}:{function}"
+    topology = str(item.get("topology", "cpu-8"))
+    hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
+    efficiency = item.get("efficiency")
+    case = GoldenCase(
+        model=str(item["name"]),
+        preset="step",
+        topology=topology,
+        step=step,
+        hardware=None if hardware is None else str(hardware),
+        efficiency=None if efficiency is None else float(efficiency),
+    )
+    for part in (case.model, case.topology):
         if not _NAME.fullmatch(part):
             raise ShardscopeError(f"{where}: {part!r} cannot be part of a golden path")
     return case

@@ -11,11 +11,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardscope.errors import PlanError
 from shardscope.lint.finding import Finding, finding_from_json, finding_to_json
 from shardscope.rules import Spec, SpecEntry, shard_shape
+
+if TYPE_CHECKING:
+    from shardscope.cost.estimate import Estimate
 
 SCHEMA = "shardscope.plan/1"
 SCHEMA_FAMILY = "shardscope.plan/"
@@ -87,6 +90,12 @@ class Plan:
     schema: str = SCHEMA
     extra: tuple[tuple[str, Any], ...] = field(default=())  # unknown top-level keys, kept on round-trip
     parts: tuple[str, ...] = PARTS
+    # Per-device work of the compiled step ("flops", "bytes_accessed"; see `shardscope.cost.work`); empty in
+    # plans that were not compiled or were written before it was recorded.
+    compute: tuple[tuple[str, int], ...] = ()
+    # What the plan costs on a target TPU (`shardscope.cost.price_plan`): derived from the fields above and a
+    # hardware table, so diffs re-price both sides rather than compare it.
+    estimate: Estimate | None = None
     # Lint findings on this case (`shardscope lint`); written only when there are some, so that a plan
     # without findings reads and writes as before.
     findings: tuple[Finding, ...] = ()
@@ -200,6 +209,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     )
     if plan.parts != PARTS:
         data["parts"] = list(plan.parts)
+    if plan.compute:
+        data["compute"] = dict(plan.compute)
+    if plan.estimate is not None:
+        from shardscope.cost.estimate_json import estimate_to_json
+
+        data["estimate"] = estimate_to_json(plan.estimate)
     if plan.findings:
         data["findings"] = [finding_to_json(finding) for finding in plan.findings]
     return data
@@ -288,13 +303,35 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         memory = tuple(sorted((str(k), int(v)) for k, v in _require(data, "memory", dict, source).items()))
         provenance = tuple(sorted(_require(data, "provenance", dict, source).items()))
         parts = tuple(str(part) for part in data.get("parts", PARTS))
+        compute = tuple(sorted((str(k), int(v)) for k, v in data.get("compute", {}).items()))
         findings = tuple(finding_from_json(entry) for entry in data.get("findings", []))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PlanError(f"{source}: corrupt plan ({type(err).__name__}: {err})") from None
     unknown_parts = [part for part in parts if part not in PARTS]
     if unknown_parts or "tensors" not in parts:
         raise PlanError(f"{source}: corrupt plan (parts {list(parts)}, expected some of {list(PARTS)} with tensors)")
-    known = {"schema", "case", "provenance", "tensors", "collectives", "memory", "parts", "findings"}
+    estimate = None
+    if data.get("estimate") is not None:
+        from shardscope.cost.estimate_json import estimate_from_json
+
+        estimate = estimate_from_json(data["estimate"], f"{source}: estimate")
+        if len(estimate.rows) != len(collectives):
+            raise PlanError(
+                f"{source}: corrupt plan (estimate prices {len(estimate.rows)} collective rows, "
+                f"the plan has {len(collectives)})"
+            )
+    known = {
+        "schema",
+        "case",
+        "provenance",
+        "tensors",
+        "collectives",
+        "memory",
+        "parts",
+        "compute",
+        "estimate",
+        "findings",
+    }
     extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
     return Plan(
         case=case,
@@ -305,6 +342,8 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         schema=str(data["schema"]),
         extra=extra,
         parts=tuple(part for part in PARTS if part in parts),
+        compute=compute,
+        estimate=estimate,
         findings=findings,
     )
 

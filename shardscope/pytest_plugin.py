@@ -55,6 +55,19 @@ class GoldenChecker:
 
         self.check_plan(plan_from_compiled(compiled, mesh, name or path.stem), path)
 
+    def check_step(self, step: Any, path: Path, topology: str = "cpu-8", name: str | None = None) -> None:
+        """Golden-checks a program of one's own: `step` is a `make_step` function or its "module:function"
+        name (the protocol of `shardscope dump --step`), planned on `topology`'s devices."""
+        from shardscope.step import parse_step_ref, plan_step_function, plan_step_ref
+        from shardscope.topology import get_topology
+
+        target = get_topology(topology)
+        if isinstance(step, str):
+            plan = plan_step_ref(parse_step_ref(step), target, name or path.stem)
+        else:
+            plan = plan_step_function(step, target, name or path.stem)
+        self.check_plan(plan, path)
+
 
 def diff_text(diff: Any) -> str:
     """The terminal change table as plain text."""

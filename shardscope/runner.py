@@ -14,8 +14,11 @@ from dataclasses import dataclass
 
 from shardscope.cache import case_key, load_plan_text, store
 from shardscope.case import Case, parse_overrides, resolve_case
+from shardscope.cost.price import check_pricing, price_plan, target_for
 from shardscope.golden import GoldenCase
-from shardscope.topology import parse_mesh_arg
+from shardscope.plan import plan_from_json, plan_to_json
+from shardscope.step import StepRef, parse_step_ref, plan_step_ref
+from shardscope.topology import Topology, get_topology, parse_mesh_arg
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,36 @@ class DumpResult:
     error: str | None = None
 
 
-def resolve_golden_case(case: GoldenCase) -> Case:
-    """Validates a golden case like `dump` validates its arguments (raises ShardscopeError)."""
-    return resolve_case(
+@dataclass(frozen=True)
+class StepCase:
+    """A golden case of one's own program, validated (its mesh is known only once its function runs)."""
+
+    ref: StepRef
+    topology: Topology
+
+
+def resolve_golden_case(case: GoldenCase) -> Case | StepCase:
+    """Validates a golden case like `dump` validates its arguments, pricing included (raises ShardscopeError)."""
+    if case.step:
+        step = StepCase(parse_step_ref(case.step), get_topology(case.topology))
+        check_pricing(case.topology, (("devices", step.topology.num_devices),), case.hardware, case.efficiency)
+        return step
+    resolved = resolve_case(
         case.model, case.preset, case.topology, parse_mesh_arg(case.mesh), parse_overrides(case.settings)
     )
+    check_pricing(resolved.topology.name, resolved.mesh, case.hardware, case.efficiency)
+    return resolved
+
+
+def priced(case: GoldenCase, plan_json: str) -> str:
+    """A case's plan JSON with its `estimate` section (a TPU case, or one that names its hardware).
+
+    The plan cache holds plans unpriced, so a change of hardware table or efficiency never needs a compile.
+    """
+    if case.hardware is None and target_for(case.topology, None) is None:
+        return plan_json
+    plan = plan_from_json(plan_json, case.case_id)
+    return plan_to_json(price_plan(plan, case.hardware, case.efficiency))
 
 
 def _start_worker(devices: int) -> None:
@@ -51,13 +79,18 @@ def _dump_one(case: GoldenCase) -> DumpResult:
     from shardscope.plan import plan_to_json
 
     try:
-        return DumpResult(case, plan_to_json(plan_case(resolve_golden_case(case))))
+        resolved = resolve_golden_case(case)
+        if isinstance(resolved, StepCase):
+            return DumpResult(case, plan_to_json(plan_step_ref(resolved.ref, resolved.topology, case.model)))
+        return DumpResult(case, plan_to_json(plan_case(resolved)))
     except ShardscopeError as err:
         return DumpResult(case, None, str(err))
 
 
-def _expected_cost(case: Case) -> float:
+def _expected_cost(case: Case | StepCase) -> float:
     """A rough relative compile cost, for scheduling only: layers traced, pipelines and TPU compiles."""
+    if isinstance(case, StepCase):
+        return 1.0
     cost = float(case.model.num_layers + case.model.first_dense_layers)
     if case.preset.pipeline is not None and case.mesh_sizes.get(case.preset.pipeline.stages_axis, 1) > 1:
         cost *= 4
@@ -79,22 +112,26 @@ def dump_cases(cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True) -
     rest are compiled, and cached.
     """
     resolved = [resolve_golden_case(case) for case in cases]
-    keys = [case_key(case) for case in resolved] if use_cache else [None] * len(resolved)
+    # A program of one's own is never cached: its source is outside what the cache key can see.
+    keys = [case_key(c) if use_cache and isinstance(c, Case) else None for c in resolved]
     pending: list[int] = []
     for index, key in enumerate(keys):
         cached = load_plan_text(key) if key is not None else None
         if cached is not None:
-            yield DumpResult(cases[index], cached)
+            yield DumpResult(cases[index], priced(cases[index], cached))
         else:
             pending.append(index)
     for result in _compile_cases([cases[i] for i in pending], [resolved[i] for i in pending], jobs):
         key = keys[cases.index(result.case)]
-        if key is not None and result.plan_json is not None:
+        if result.plan_json is None:
+            yield result
+            continue
+        if key is not None:
             store(key, result.plan_json)
-        yield result
+        yield DumpResult(result.case, priced(result.case, result.plan_json))
 
 
-def _compile_cases(cases: Sequence[GoldenCase], resolved: Sequence[Case], jobs: int) -> Iterator[DumpResult]:
+def _compile_cases(cases: Sequence[GoldenCase], resolved: Sequence[Case | StepCase], jobs: int) -> Iterator[DumpResult]:
     if not cases:
         return
     devices = max(c.topology.num_devices if c.topology.platform == "cpu" else 1 for c in resolved)

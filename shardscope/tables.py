@@ -54,10 +54,13 @@ def collectives_frame(
 ) -> pd.DataFrame:
     """One row per collective row: op, axes, pass, source, dtype, shape, bytes, count, loop trips, traffic
     (bytes × count × trips per device per step; NaN when a trip count is unknown) and, when `times` is
-    given (a cost estimate's per-row seconds, in the same order), the estimated time."""
+    given (a cost estimate's per-row seconds, in the same order) or the plan carries an estimate, the
+    estimated time per step (`time_s`; NaN for a row the cost model could not price)."""
     import pandas as pd
 
     rows = plan.collectives if isinstance(plan, Plan) else tuple(plan)
+    if times is None and isinstance(plan, Plan) and plan.estimate is not None:
+        times = [row.seconds for row in plan.estimate.rows]
     data = [
         {
             "op": r.op,
@@ -84,7 +87,8 @@ def collectives_frame(
 
 
 def traffic_by(plan: Plan | Sequence[CollectiveRow], by: Sequence[str]) -> pd.DataFrame:
-    """Traffic per device per step grouped by `by` (names of GROUPINGS), largest first, with its share.
+    """Traffic per device per step grouped by `by` (names of GROUPINGS), largest first, with its share (and
+    the estimated time, when the plan is priced).
 
     Raises:
       ValueError: an unknown grouping.
@@ -95,9 +99,13 @@ def traffic_by(plan: Plan | Sequence[CollectiveRow], by: Sequence[str]) -> pd.Da
     frame = collectives_frame(plan)
     frame = frame[frame["moves_data"] & frame["traffic"].notna()]
     columns = [GROUPINGS[name] for name in by]
-    grouped = frame.groupby(columns, sort=True, dropna=False)["traffic"].agg(["sum", "size"]).reset_index()
+    groups = frame.groupby(columns, sort=True, dropna=False)
+    grouped = groups["traffic"].agg(["sum", "size"]).reset_index()
     grouped = grouped.rename(columns={"sum": "traffic", "size": "rows"})
     grouped["traffic"] = grouped["traffic"].astype("int64")
+    if "time_s" in frame:
+        # min_count=1: a group whose rows were all unpriced has no time (NaN), not zero seconds.
+        grouped["time_s"] = groups["time_s"].sum(min_count=1).to_numpy()
     total = int(grouped["traffic"].sum())
     grouped["share"] = grouped["traffic"] / total if total else 0.0
     return grouped.sort_values(["traffic", *columns], ascending=[False, *[True] * len(columns)], ignore_index=True)

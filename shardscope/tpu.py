@@ -86,9 +86,11 @@ def parse_tpu_slice(name: str) -> TpuSlice:
         sizes = ", ".join(n for n in known_tpu_names() if n.startswith(f"{product}-"))
         raise ShardscopeError(f"topology {name!r}: not a standard {product} slice (known: {sizes})")
     shape = shapes[chips]
-    dims = (*shape, 1) if len(shape) == 2 else shape
-    # Wrap-around links exist along dimensions of full 4-chip rings and up (the large torus slices).
-    wrap = tuple(d >= 4 and chips >= 64 for d in dims)
+    # Which dimensions close their rings with wraparound links is the generation's published rule (whole
+    # 4x4x4 cubes on v4/v5p/TPU7x, dimensions of 16 on v5e/v6e), kept with its sources in the hardware table.
+    from shardscope.cost.hardware import load_hardware
+
+    wrap = (*load_hardware(product).wraps(tuple(shape)), False, False)[:3]
     host = (1, 1, 1) if chips == 1 else ((2, 4, 1) if chips == 8 and not generation.torus_3d else (2, 2, 1))
     return TpuSlice(
         name=name,

@@ -86,6 +86,39 @@ def test_unparsable_hlo_file(tmp_path):
     assert_user_error(run("collectives", str(tmp_path / "missing.txt")), "cannot read")
 
 
+FOUR_DEVICES = """HloModule four, num_partitions=4
+
+ENTRY main {
+  p = f32[8] parameter(0)
+  ROOT ag = f32[16] all-gather(p), dimensions={0}, replica_groups={{0,1},{2,3}}
+}
+"""
+
+
+def test_collectives_mesh_with_a_size_filled_from_the_module(tmp_path):
+    hlo = tmp_path / "four.hlo"
+    hlo.write_text(FOUR_DEVICES)
+    # data=2 x fsdp=(4 / 2): devices [[0, 1], [2, 3]], so {0,1} and {2,3} each vary along fsdp only.
+    result = run("collectives", str(hlo), "--mesh", "data=2,fsdp=-1", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["collectives"]
+    assert (row["op"], row["axes"], row["bytes"]) == ("all-gather", ["fsdp"], 64)
+    # fsdp=-1 alone is fsdp=4: no subset of one axis of 4 splits devices in pairs; the groups are shown.
+    result = run("collectives", str(hlo), "--mesh", "fsdp=-1", "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["collectives"]
+    assert row["axes"] is None and row["groups"] == "{{0,1},{2,3}}"
+
+
+def test_collectives_of_a_truncated_file_say_what_was_read(tmp_path):
+    hlo = tmp_path / "cut.hlo"
+    hlo.write_text(FOUR_DEVICES[: FOUR_DEVICES.index("  ROOT")])
+    result = run("collectives", str(hlo))
+    assert result.exit_code == 0, result.output
+    (warning,) = result.stderr.strip().splitlines()
+    assert "ends inside computation 'main'" in warning and "read 0 computations in full" in warning
+
+
 @pytest.mark.parametrize(
     ("preset", "axes"),
     [
@@ -173,3 +206,40 @@ def test_check_and_update_input_errors(tmp_path):
     assert_user_error(run("update", "--golden", str(tmp_path), "deepseek-tiny/cpu-8/defualt"), "did you mean")
     (tmp_path / "cases.yaml").write_text("cases:\n  - {model: deepseek-tinny, preset: default}\n")
     assert_user_error(run("check", "--golden", str(tmp_path)), "unknown model 'deepseek-tinny'")
+
+
+def test_h_is_help_and_version_is_the_package_version():
+    from importlib import metadata
+
+    assert run("-h").output == run("--help").output
+    assert run("dump", "-h").output == run("dump", "--help").output
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"shardscope {metadata.version('shardscope')}"
+
+
+def test_every_command_that_prints_a_table_speaks_json(tmp_path):
+    import shutil
+
+    from reference_models import MODELS
+    from shardscope.cost.hardware import known_hardware
+    from shardscope.presets import builtin_preset_names
+
+    listing = json.loads(run("list", "--json").output)
+    assert set(listing["models"]) == set(MODELS) and set(listing["presets"]) == set(builtin_preset_names())
+    assert listing["hardware"] == known_hardware()
+    golden = tmp_path / "golden"
+    (golden / "deepseek-tiny" / "cpu-8").mkdir(parents=True)
+    (golden / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: ep-as-cp}\n")
+    shutil.copy(GOLDEN / "default.json", golden / "deepseek-tiny" / "cpu-8" / "ep-as-cp.json")
+    checked = run("check", "--golden", str(golden), "--json", "--jobs", "1")
+    data = json.loads(checked.output)
+    assert checked.exit_code == 1 and data["failed"]
+    (case,) = data["cases"]
+    assert case["case"] == "deepseek-tiny/cpu-8/ep-as-cp" and case["status"] == "changed"
+    assert {"kind": "case", "subject": "preset"}.items() <= next(
+        c for c in case["diff"]["changes"] if c["subject"] == "preset"
+    ).items()
+    updated = json.loads(run("update", "--golden", str(golden), "--json", "--jobs", "1").output)
+    assert [c["status"] for c in updated["cases"]] == ["updated"] and updated["orphans"] == []
+    diffed = run("diff", str(GOLDEN / "default.json"), str(GOLDEN / "ep-as-cp.json"), "--json")
+    assert diffed.exit_code == 1 and json.loads(diffed.output)["same"] is False

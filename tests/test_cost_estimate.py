@@ -85,17 +85,38 @@ def test_tpu_memory_is_the_compilers_and_cpu_memory_is_estimated(v5p_plan):
     estimated = _estimate(cpu).memory
     assert estimated.source == ESTIMATED and not estimated.exact
     by_kind: dict[str, int] = {}
+    block_sums = {"dense_layers": 0, "moe_layers": 0}
     for path, tensor in cpu.tensors:
-        # deepseek-tiny: 1 dense layer, 4 MoE layers, each scanned block's activations kept per layer
-        trips = 4 if path.startswith("activations/decoder/moe_layers/") else 1
-        by_kind[tensor.kind] = by_kind.get(tensor.kind, 0) + tensor.bytes_per_device * trips
+        by_kind[tensor.kind] = by_kind.get(tensor.kind, 0) + tensor.bytes_per_device
+        if tensor.kind == "activation":
+            block_sums[path.split("/")[2]] += tensor.bytes_per_device
+    tensors = cpu.tensor_map
+    # deepseek-tiny: 1 dense layer, 4 MoE layers, fully rematerialised: every layer keeps its input and
+    # the backward pass of one layer (the larger block's) holds all of that layer's activations again.
+    kept = (
+        tensors["activations/decoder/dense_layers/inputs"].bytes_per_device * 1
+        + tensors["activations/decoder/moe_layers/inputs"].bytes_per_device * 4
+        + max(block_sums.values())
+    )
     assert dict(estimated.categories) == {
         "params": by_kind["param"],
         "optimizer_state": by_kind["opt_state"],
         "inputs": by_kind["input"],
         "gradients": by_kind["param"],
-        "activations": by_kind["activation"],
+        "activations": kept,
     }
+
+
+def test_without_remat_every_layer_keeps_every_activation():
+    cpu = load_golden(GOLDEN / "cpu-8" / "ep-as-cp.json")
+    no_remat = dataclasses.replace(cpu, case=dataclasses.replace(cpu.case, overrides=(("model.remat", "none"),)))
+    expected = sum(
+        tensor.bytes_per_device * (4 if path.startswith("activations/decoder/moe_layers/") else 1)
+        for path, tensor in cpu.tensors
+        if tensor.kind == "activation"
+    )
+    assert dict(_estimate(no_remat).memory.categories)["activations"] == expected
+    assert expected > dict(_estimate(cpu).memory.categories)["activations"]
 
 
 def test_memory_over_capacity_says_by_how_much(v5p_plan):

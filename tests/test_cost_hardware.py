@@ -54,7 +54,8 @@ def test_unknown_name_says_did_you_mean():
 def test_an_entry_missing_a_figure_is_one_clear_line():
     entry = dict(hardware._table()["generations"]["v5p"])
     del entry["dcn_bandwidth"]
-    with pytest.raises(HardwareError, match=r"^hardware.yaml: entry 'v5p' is missing dcn_bandwidth; add the figure"):
+    expected = r"^hardware table hardware.yaml: entry 'v5p' is missing dcn_bandwidth; add the figure"
+    with pytest.raises(HardwareError, match=expected):
         hardware_from_dict("v5p", entry, 0.82)
 
 

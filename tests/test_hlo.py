@@ -24,7 +24,7 @@ from shardscope.hlo import (
     pass_of,
     shape_info,
 )
-from shardscope.hlo_groups import expand_mesh_groups, pairs_to_shift, parse_replica_groups
+from shardscope.hlo.groups import expand_mesh_groups, pairs_to_shift, parse_replica_groups
 
 SAMPLES = Path(__file__).parent / "hlo_samples"
 MESH = MeshLayout(("fsdp", "expert"), (4, 2))
@@ -168,6 +168,20 @@ def test_unmatched_or_meshless_groups_keep_a_canonical_spelling() -> None:
 def test_collective_permute_is_a_shift_along_one_axis(pairs: str, axes: tuple[str, ...], shift: int) -> None:
     row = only(module(f"%cp = f32[8,16]{{1,0}} collective-permute(%p), channel_id=1, source_target_pairs={pairs}"))
     assert (row.axes, row.shift, row.groups, row.bytes) == (axes, shift, None, 512)
+
+
+def test_a_ring_through_every_device_shifts_along_the_axes_it_carries_through() -> None:
+    # fsdp=4 x expert=2, expert minor: device d sits at (d // 2, d % 2), so d -> d+1 steps along expert and
+    # carries into fsdp at every odd d: one ring of eight over both axes, as a decomposed all-gather makes.
+    forward = [(d, (d + 1) % 8) for d in range(8)]
+    backward = [(d, (d - 1) % 8) for d in range(8)]
+    assert pairs_to_shift(forward, MESH) == (("fsdp", "expert"), 1)
+    assert pairs_to_shift(backward, MESH) == (("fsdp", "expert"), -1)
+    # Size-1 axes inside the run shift nothing and are not named.
+    spaced = MeshLayout(("fsdp", "stage", "expert"), (4, 1, 2))
+    assert pairs_to_shift(forward, spaced) == (("fsdp", "expert"), 1)
+    # Not one uniform step on the run's index: two rings of four, one per expert, interleaved wrongly.
+    assert pairs_to_shift([(0, 3), (3, 0)], MESH) is None
 
 
 def test_irregular_or_meshless_permute_keeps_its_pairs() -> None:
@@ -435,16 +449,29 @@ def test_unknown_collective_like_ops_are_reported_and_bad_lines_skipped() -> Non
         "this line is not HLO at all(",
         "%trunc = f32[8 all-gather(",
         all_reduce("{{0,1},{2,3}", name="broken"),
+        all_reduce("{{0,1},{2,x}}", name="odd"),
         all_reduce("{{0,1},{2,3},{4,5},{6,7}}"),
     )
     lines = text.split("\n")
+
+    def line(needle: str) -> int:
+        return lines.index(next(x for x in lines if needle in x)) + 1
+
     parsed = parse_collectives(text, MESH)
-    assert parsed.unknown == tuple(
-        UnknownOp(op, lines.index(next(x for x in lines if f" {op}(" in x)) + 1)
-        for op in ("send", "recv", "all-reduce-scatter", "all-gather")  # the cut-off all-gather is not understood
+    # What parses but is not understood, and what does not parse (the unclosed `[` and `{`), by opcode.
+    assert parsed.unknown == (
+        UnknownOp("send", line(" send(")),
+        UnknownOp("recv", line(" recv(")),
+        UnknownOp("all-reduce-scatter", line("all-reduce-scatter(")),
+        UnknownOp("all-gather", line("%trunc")),
+        UnknownOp("all-reduce", line("%broken")),
     )
     got = {(r.axes, r.groups) for r in parsed.collectives}
-    assert got == {(("expert",), None), (None, "{{0,1},{2,3}")}  # a malformed spelling is kept verbatim
+    assert got == {(("expert",), None), (None, "{{0,1},{2,x}}")}  # an unknown spelling is kept verbatim
+    assert parsed.notices == (
+        f"3 instruction(s) that do not parse were skipped (lines {line('not HLO')}, {line('%trunc')},"
+        f" {line('%broken')})",
+    )
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,9 @@ def test_default_dispatches_tokens_with_all_to_all_over_expert(model, tiny_plans
         (row,) = rows(plan, op="all-to-all", axes=("expert",), pass_=pass_)
         assert row.source == MOE_SOURCE[model]
         assert row.loop_trips == cfg.num_moe_layers
-        assert row.count == 2  # dispatch and return
+        # Dispatch and return; the backward pass of a fully rematerialised layer runs both again before
+        # their transposes (MaxText's default remat policy), so it holds four.
+        assert row.count == (2 if pass_ == "forward" else 4)
         assert row.bytes == buffer_bytes
 
 

@@ -19,6 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "golden" / "deepseek-tiny" / "cpu-8"
 
 # Files each case starts with (relative to its working directory).
+STEP_FILES = {
+    "steps_bad.py": (
+        "import jax\n"
+        "import numpy as np\n"
+        "def returns_int(devices):\n    return 3\n"
+        "def raises(devices):\n    raise ValueError('no such layer')\n"
+        "def not_jitted(devices):\n"
+        "    return (lambda x: x), (), jax.sharding.Mesh(np.array(devices), ('data',))\n"
+        "def small_mesh(devices):\n"
+        "    return jax.jit(lambda x: x), (), jax.sharding.Mesh(np.array(devices[:2]), ('data',))\n"
+    ),
+    "steps_broken.py": "undefined_name\n",
+}
+
 PRESET_FILES = {
     "bad.yaml": "mesh_axes: [fsdp\n",
     "unknown_key.yaml": "mesh_axes: [fsdp]\nlogical_axis_rule: []\n",
@@ -31,6 +45,15 @@ PRESET_FILES = {
     "no_mesh_axes.yaml": "logical_axis_rules: []\n",
     "pipeline_key.yaml": "mesh_axes: [stage, fsdp]\npipeline: {stages: 2}\n",
 }
+
+# An HLO module on 4 devices: one all-gather over pairs.
+FOUR_DEVICES = """HloModule four, num_partitions=4
+
+ENTRY main {
+  p = f32[8] parameter(0)
+  ROOT ag = f32[16] all-gather(p), dimensions={0}, replica_groups={{0,1},{2,3}}
+}
+"""
 
 CASES: list[tuple[tuple[str, ...], str]] = [
     # names
@@ -99,9 +122,44 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("update", "--golden", "golden", "deepseek-tiny/cpu-8/defualt"), "did you mean"),
     # explain
     (("explain", "--preset", "default", "embed", "embed"), "more than once"),
+    # pricing
+    (("dump", "deepseek-tiny", "--hardware", "v5q"), "did you mean 'v5p'"),
+    (
+        ("dump", "deepseek-tiny", "--topology", "cpu-6", "--mesh", "fsdp=-1,expert=2", "--hardware", "v5p"),
+        "6 devices are not a standard v5p slice",
+    ),
+    (
+        ("dump", "deepseek-tiny", "--topology", "cpu-512", "--mesh", "fsdp=-1,expert=2", "--hardware", "v5e"),
+        "512 devices are not a standard v5e slice",
+    ),
+    (("dump", "deepseek-tiny", "--efficiency", "0.5"), "priced only with --hardware"),
+    (("dump", "deepseek-tiny", "--hardware", "v5p", "--efficiency", "1.5"), "must be in (0, 1]"),
+    (("diff", "existing.json", "existing.json", "--hardware", "v9"), "unknown hardware 'v9'"),
+    (("diff", "existing.json", "existing.json", "--hardware", "v5e", "--efficiency", "0"), "must be in (0, 1]"),
+    (("check", "--golden", "priced"), "did you mean 'v5p'"),
+    # programs of one's own (--step)
+    (("dump", "--step", "steps_bad.py"), "expected module:function"),
+    (("dump", "--step", "no_such_pkg.steps:make_step"), "cannot import no_such_pkg.steps (ModuleNotFoundError"),
+    (("dump", "--step", "absent.py:make_step"), "file absent.py does not exist"),
+    (("dump", "--step", "steps_bad.py:nothing"), "has no attribute 'nothing'"),
+    (("dump", "--step", "steps_bad.py:returns_int"), "must return (jitted step, args, mesh), returned an int"),
+    (("dump", "--step", "steps_bad.py:raises"), "raises raised ValueError: no such layer"),
+    (("dump", "--step", "steps_bad.py:not_jitted"), "is not jitted"),
+    (("dump", "--step", "steps_bad.py:small_mesh"), "its mesh has 2 devices but the topology has 8"),
+    (("dump", "--step", "steps_broken.py:make_step"), "cannot import steps_broken.py (NameError"),
+    (("dump", "deepseek-tiny", "--step", "steps_bad.py:raises"), "a model name or --step"),
+    (("dump", "--step", "steps_bad.py:raises", "--preset", "ep-as-cp"), "--preset does not apply"),
+    (("dump",), "a model name or --step"),
     # HLO files
     (("collectives", "junk.txt"), "junk.txt"),
     (("collectives", "absent.txt"), "cannot read"),
+    (("collectives", "four.hlo", "--mesh", "data=3"), "has 3 devices but the module runs on 4"),
+    (("collectives", "four.hlo", "--mesh", "data=2,data=2"), "axis 'data' is given twice"),
+    (("collectives", "four.hlo", "--mesh", "fsdp=-1,expert=3"), "which the other axes (3) do not divide"),
+    (("collectives", "four.hlo", "--mesh", "fsdp=-1,expert=-1"), "only one axis may be -1"),
+    (("collectives", "headerless.hlo", "--mesh", "fsdp=-1"), "does not say how many devices"),
+    (("collectives", "four.hlo", "--mesh", "fsdp=four"), "fsdp=four"),
+    (("collectives", "twice.hlo"), "a second 'HloModule' header"),
     # usage
     (("dump", "deepseek-tiny", "--presets", "default"), "No such option: --presets"),
     (("explain",), "Missing argument"),
@@ -113,22 +171,48 @@ CASES: list[tuple[tuple[str, ...], str]] = [
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
     """A directory holding an earlier plan, a corrupt and a newer-schema plan, preset files and a golden set."""
-    for name, text in PRESET_FILES.items():
+    for name, text in {**PRESET_FILES, **STEP_FILES}.items():
         (tmp_path / name).write_text(text)
     shutil.copy(GOLDEN / "default.json", tmp_path / "existing.json")
     (tmp_path / "corrupt.json").write_text("{not json")
     newer = (GOLDEN / "default.json").read_text().replace('"shardscope.plan/1"', '"shardscope.plan/9"')
     (tmp_path / "newer.json").write_text(newer)
     (tmp_path / "junk.txt").write_text("this is not an HLO module\n")
+    (tmp_path / "four.hlo").write_text(FOUR_DEVICES)
+    (tmp_path / "headerless.hlo").write_text(FOUR_DEVICES.partition("\n")[2])
+    (tmp_path / "twice.hlo").write_text(FOUR_DEVICES + FOUR_DEVICES)
     (tmp_path / "empty").mkdir()
     (tmp_path / "golden").mkdir()
     (tmp_path / "golden" / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: default}\n")
+    (tmp_path / "priced").mkdir()
+    (tmp_path / "priced" / "cases.yaml").write_text(
+        "hardware: v5q\ncases:\n  - {model: deepseek-tiny, preset: default}\n"
+    )
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ("generations:\n  v5p: {peak_bf16_flops: 4.59e14}\n", "entry 'v5p' is missing hbm_bytes"),
+        ("generations:\n  v5p: [1\n", "malformed YAML at line"),
+        ("- v5p\n", "expected a mapping with 'efficiency' and 'generations'"),
+    ],
+)
+def test_a_broken_hardware_table_of_ones_own(table, fragment, workdir, monkeypatch, capsys):
+    (workdir / "tpus.yaml").write_text(table)
+    monkeypatch.setenv("SHARDSCOPE_HARDWARE_TABLE", str(workdir / "tpus.yaml"))
+    monkeypatch.setattr(sys, "argv", ["shardscope", "dump", "deepseek-tiny", "--hardware", "v5p"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "tpus.yaml" in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_catalogue_is_long():

@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from shardscope.cli import JobsOption, JsonOption, MeshOption, NoCacheOption, app, fail, make_console
+from shardscope.cli import (
+    EfficiencyOption,
+    HardwareOption,
+    JobsOption,
+    JsonOption,
+    MeshOption,
+    NoCacheOption,
+    app,
+    fail,
+    make_console,
+)
 from shardscope.errors import ShardscopeError
 
 
@@ -25,6 +35,8 @@ def compare_command(
     as_json: JsonOption = False,
     jobs: JobsOption = 0,
     no_cache: NoCacheOption = False,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
 ) -> None:
     """Plans a model under several presets and lays them side by side, the best value of each row marked."""
     from shardscope.golden import GoldenCase
@@ -33,7 +45,10 @@ def compare_command(
 
     names = list(presets or builtin_preset_names())
     cases = [
-        GoldenCase(model, p, topology, mesh or "", tuple(settings or ()), name=f"{i}") for i, p in enumerate(names)
+        GoldenCase(
+            model, p, topology, mesh or "", tuple(settings or ()), name=f"{i}", hardware=hardware, efficiency=efficiency
+        )
+        for i, p in enumerate(names)
     ]
     try:
         if len(set(names)) != len(names):
@@ -57,7 +72,13 @@ def compare_command(
         from shardscope.atomic import write_atomic
         from shardscope.report.compare import render_comparison_html
 
-        write_atomic(html, render_comparison_html(comparison, f"{model} on {topology}"))
+        title = f"{model} on {topology}"
+        priced = next((plan.estimate for plan in plans if plan.estimate is not None), None)
+        if priced is not None:
+            from shardscope.report.estimate_text import target_label
+
+            title += f", priced on {target_label(priced)} (efficiency {priced.efficiency:g})"
+        write_atomic(html, render_comparison_html(comparison, title))
     if as_json:
         import json
 

@@ -3,8 +3,9 @@
 The map: `hardware` (published figures of each generation, `hardware.yaml`), `layout` (mesh axes →
 torus dimensions, wraparound, slices), `collective` (alpha-beta time of one collective on a device
 group), `compute` (roofline of the compiler's FLOPs and bytes), `memory` (HBM need against capacity),
-`dcn` (traffic between slices a per-slice plan does not show), `estimate` (all of it for one plan) and
-`estimate_json` (the plan's `estimate` section). Importing this package imports no JAX.
+`dcn` (traffic between slices a per-slice plan does not show), `estimate` (all of it for one plan),
+`estimate_json` (the plan's `estimate` section) and `price` (a plan on its target). Importing this package
+imports no JAX.
 """
 
 from shardscope.cost.collective import CollectiveTime, collective_time
@@ -15,6 +16,7 @@ from shardscope.cost.estimate_json import estimate_from_json, estimate_to_json
 from shardscope.cost.hardware import Hardware, HardwareError, known_hardware, load_hardware
 from shardscope.cost.layout import AxisLayout, Layout, Span, default_slice_shape, layout_for, layout_from_mesh
 from shardscope.cost.memory import MemoryEstimate, memory_need
+from shardscope.cost.price import Target, estimate_of, price_plan, target_for
 
 __all__ = [
     "AxisLayout",
@@ -28,12 +30,14 @@ __all__ = [
     "PricedRow",
     "RowTime",
     "Span",
+    "Target",
     "collective_time",
     "compute_time",
     "cost_figures",
     "cross_slice_rows",
     "default_slice_shape",
     "estimate_from_json",
+    "estimate_of",
     "estimate_plan",
     "estimate_to_json",
     "known_hardware",
@@ -41,5 +45,7 @@ __all__ = [
     "layout_from_mesh",
     "load_hardware",
     "memory_need",
+    "price_plan",
     "price_row",
+    "target_for",
 ]

@@ -15,13 +15,18 @@ from dataclasses import dataclass
 from shardscope.cost.collective import PRICED_OPS, CollectiveTime, collective_time
 from shardscope.cost.compute import ComputeTime, compute_time
 from shardscope.cost.dcn import cross_slice_rows
-from shardscope.cost.hardware import TABLE, Hardware, HardwareError
+from shardscope.cost.hardware import Hardware, HardwareError, table_source
 from shardscope.cost.layout import SLICE, Layout
 from shardscope.cost.memory import MemoryEstimate, memory_need
 from shardscope.plan import CollectiveRow, Plan
 from shardscope.summary import axes_label
 
-FIGURES_SOURCE = f"shardscope/cost/{TABLE} (Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3)"
+BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
+
+
+def figures_source() -> str:
+    """The table the figures came from (a table of one's own is named by its path)."""
+    return f"{table_source()} (built-in figures: {BUILT_IN_SOURCES})"
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ def estimate_plan(
     efficiency: float | None = None,
     flops: float | None = None,
     bytes_accessed: float | None = None,
+    exact_memory: bool = True,
 ) -> Estimate:
     """Prices a plan on `hardware` laid out as `layout`.
 
@@ -137,7 +143,9 @@ def estimate_plan(
       hardware: the target generation (`load_hardware`).
       layout: the plan's mesh on that hardware (`layout_for` or `layout_from_mesh`).
       efficiency: fraction of modelled link bandwidth reached; default: the hardware table's.
-      flops, bytes_accessed: per-device figures of the compiled step (`compute.cost_figures`).
+      flops, bytes_accessed: per-device figures of the compiled step (the plan's `compute` section).
+      exact_memory: whether a TPU plan's compiled memory figures describe this hardware (False when a plan
+        compiled for one generation is priced on another: its need is then estimated from the tensors).
 
     Raises:
       HardwareError: the layout is for another generation or mesh, or efficiency is not in (0, 1].
@@ -161,7 +169,7 @@ def estimate_plan(
         layout_source=layout.source,
         efficiency=eff,
         efficiency_source="hardware table" if efficiency is None else "caller",
-        figures_source=FIGURES_SOURCE,
+        figures_source=figures_source(),
         rows=rows,
         cross_slice=cross,
         by_axes=tuple(sorted(by_axes.items())),
@@ -170,5 +178,5 @@ def estimate_plan(
         communication=sum(t.seconds for _, t in pairs if t.seconds is not None),
         unpriced_rows=sum(1 for t in rows if t.seconds is None),
         compute=compute_time(hardware, flops, bytes_accessed),
-        memory=memory_need(plan, hardware),
+        memory=memory_need(plan, hardware, exact=exact_memory),
     )

@@ -87,8 +87,8 @@ def estimate_to_json(estimate: Estimate) -> dict[str, Any]:
         "communication": estimate.communication,
         "unpriced_rows": estimate.unpriced_rows,
         "compute": {
-            "flops": compute.flops,
-            "bytes_accessed": compute.bytes_accessed,
+            "flops": _count(compute.flops),
+            "bytes_accessed": _count(compute.bytes_accessed),
             "flops_seconds": compute.flops_seconds,
             "memory_seconds": compute.memory_seconds,
             "seconds": compute.seconds,
@@ -147,3 +147,8 @@ def estimate_from_json(data: Any, source: str = "estimate") -> Estimate:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PlanError(f"{source}: corrupt estimate ({type(err).__name__}: {err})") from None
+
+
+def _count(value: float | None) -> int | float | None:
+    """A count as the integer it is, however it was computed: one spelling whichever way a plan was made."""
+    return int(value) if value is not None and float(value).is_integer() else value

@@ -8,8 +8,10 @@ Every figure must be present: a table entry missing one is a broken table, not a
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -90,13 +92,54 @@ class Hardware:
         return multiple
 
 
-@functools.cache
+# A table of one's own (other figures, a newer generation): its entries replace the built-in ones of the
+# same name, and its `efficiency`, if given, the built-in default.
+TABLE_ENV = "SHARDSCOPE_HARDWARE_TABLE"
+
+
+def table_source() -> str:
+    """Where the figures come from: the built-in table, with the file SHARDSCOPE_HARDWARE_TABLE names over it."""
+    own = os.environ.get(TABLE_ENV)
+    return f"shardscope/cost/{TABLE}" + (f" with {own} over it" if own else "")
+
+
 def _table() -> dict[str, Any]:
-    text = resources.files("shardscope.cost").joinpath(TABLE).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    built_in = _read_table(None)
+    path = os.environ.get(TABLE_ENV)
+    if not path:
+        return built_in
+    own = _read_table(path)
+    return {
+        "efficiency": own.get("efficiency", built_in.get("efficiency")),
+        "generations": {**built_in["generations"], **own["generations"]},
+    }
+
+
+@functools.cache
+def _read_table(path: str | None) -> dict[str, Any]:
+    where = path or TABLE
+    if path is None:
+        text = resources.files("shardscope.cost").joinpath(TABLE).read_text(encoding="utf-8")
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise HardwareError(f"hardware table {path} ({TABLE_ENV}) does not exist") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise HardwareError(f"cannot read hardware table {path} ({TABLE_ENV}): {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise HardwareError(f"hardware table {where}: malformed YAML{line}") from None
     if not isinstance(data, dict) or not isinstance(data.get("generations"), dict):
-        raise HardwareError(f"{TABLE}: expected a mapping with 'efficiency' and 'generations'")
+        raise HardwareError(f"hardware table {where}: expected a mapping with 'efficiency' and 'generations'")
     return data
+
+
+def _where() -> str:
+    return f"hardware table {os.environ.get(TABLE_ENV) or TABLE}"  # a broken entry is the user's file's
 
 
 def known_hardware() -> list[str]:
@@ -111,29 +154,31 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any) -> Hardware:
       HardwareError: a figure is missing, not a number, or not positive.
     """
     if not isinstance(entry, dict):
-        raise HardwareError(f"{TABLE}: entry {name!r} must be a mapping of figures")
+        raise HardwareError(f"{_where()}: entry {name!r} must be a mapping of figures")
     needed = list(FIGURES)
     if entry.get("devices_per_chip", 1) != 1:
         needed.append("chip_link_bandwidth")
     missing = [key for key in needed if entry.get(key) is None]
     if missing:
-        raise HardwareError(f"{TABLE}: entry {name!r} is missing {', '.join(missing)}; add the figure with its source")
+        raise HardwareError(
+            f"{_where()}: entry {name!r} is missing {', '.join(missing)}; add the figure with its source"
+        )
     unknown = sorted(set(entry) - set(FIGURES) - {"chip_link_bandwidth"})
     if unknown:
-        raise HardwareError(f"{TABLE}: entry {name!r} has unknown figures {', '.join(unknown)}")
+        raise HardwareError(f"{_where()}: entry {name!r} has unknown figures {', '.join(unknown)}")
     values: dict[str, Any] = {}
     for key, value in entry.items():
         if key == "wrap_needs_full_cube":
             if not isinstance(value, bool):
-                raise HardwareError(f"{TABLE}: {name}.{key} must be true or false, found {value!r}")
+                raise HardwareError(f"{_where()}: {name}.{key} must be true or false, found {value!r}")
             values[key] = value
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise HardwareError(f"{TABLE}: {name}.{key} must be a positive number, found {value!r}")
+            raise HardwareError(f"{_where()}: {name}.{key} must be a positive number, found {value!r}")
         integral = key in ("hbm_bytes", "ici_links", "torus_dims", "wrap_length", "devices_per_chip")
         values[key] = int(value) if integral else float(value)
     if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) or not 0 < efficiency <= 1:
-        raise HardwareError(f"{TABLE}: 'efficiency' must be in (0, 1], found {efficiency!r}")
+        raise HardwareError(f"{_where()}: 'efficiency' must be in (0, 1], found {efficiency!r}")
     return Hardware(name=name, efficiency=float(efficiency), **values)
 
 

@@ -6,11 +6,10 @@ optimizer state, inputs), what the compiler adds to the arguments (padding to TP
 do not reuse an argument's buffer, and temp (gradients, activations, scratch). A CPU compiler's figures
 say nothing about a TPU (its temp buffers follow another schedule), so there the need is estimated from
 the tensors: params, optimizer state, inputs, gradients (≈ the params' bytes: one gradient per
-parameter, same dtype and sharding), and activations kept for the backward pass (each constrained
-activation, times the layers of the scanned block it sits in: no rematerialisation assumed). That
-estimate is a lower bound: intermediates no sharding constraint names (attention scores, MoE dispatch
-buffers, f32 copies) are not in it — deepseek2-16b on 8 devices estimates 90 GiB per device where the
-TPU7x compiler needs 347 GiB of temporaries alone.
+parameter, same dtype and sharding), and the activations alive when the backward pass peaks (under the
+step's remat policy, see `activation_bytes`). Intermediates no sharding constraint names (attention
+scores, MoE dispatch buffers, f32 copies, the compiler's scratch) are not in it, so it understates the
+need: treat it as a floor, and compile for the TPU topology for the exact figure.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from shardscope.cost.hardware import Hardware
 from shardscope.plan import Plan
 
 EXACT = "tpu compiler"
-ESTIMATED = "estimated from tensors (lower bound)"
+ESTIMATED = "estimated from tensors (named tensors only)"
 
 
 @dataclass(frozen=True)
@@ -80,21 +79,45 @@ def layer_trips(plan: Plan) -> dict[str, int]:
     return trips
 
 
+def _block_of(path: str, trips: dict[str, int]) -> str | None:
+    """The scanned block an activation (`activations/decoder/moe_layers/x`) sits in, if any."""
+    module = path.split("/", 1)[1].split("#", 1)[0]
+    prefixes = [p for p in trips if module == p or module.startswith(p + "/")]
+    return max(prefixes, key=len) if prefixes else None
+
+
+def remat_policy(plan: Plan) -> str:
+    """How the step keeps activations for the backward pass: the reference models rematerialise each
+    layer in full (MaxText's default `remat_policy`) unless the case sets `model.remat=none`."""
+    return dict(plan.case.overrides).get("model.remat", "full")
+
+
 def activation_bytes(plan: Plan) -> int:
-    """Bytes of constrained activations per device, each times the layers of its scanned block."""
+    """Bytes of constrained activations alive per device at the peak of the backward pass.
+
+    Without remat every layer keeps every activation: each one times the layers of its block. With full
+    remat a layer keeps only its input (`<block>/inputs`) and recomputes the rest when its backward pass
+    runs, so the peak is every layer's input plus one layer's activations (the largest block's).
+    """
     trips = layer_trips(plan)
-    total = 0
+    per_block: dict[str | None, int] = defaultdict(int)
+    kept_inputs = 0
     for path, tensor in plan.tensors:
         if tensor.kind != "activation":
             continue
-        module = path.split("/", 1)[1].split("#", 1)[0]
-        prefixes = [p for p in trips if module == p or module.startswith(p + "/")]
-        total += tensor.bytes_per_device * (trips[max(prefixes, key=len)] if prefixes else 1)
-    return total
+        block = _block_of(path, trips)
+        per_block[block] += tensor.bytes_per_device
+        if block is not None and path.split("/", 1)[1] == f"{block}/inputs":
+            kept_inputs += tensor.bytes_per_device * trips[block]
+    outside = per_block.pop(None, 0)
+    if remat_policy(plan) == "none":
+        return outside + sum(size * trips[block] for block, size in per_block.items() if block is not None)
+    return outside + kept_inputs + max(per_block.values(), default=0)
 
 
-def memory_need(plan: Plan, hardware: Hardware) -> MemoryEstimate:
-    """Per-device HBM need of a plan on `hardware`: exact from a TPU compile, else estimated."""
+def memory_need(plan: Plan, hardware: Hardware, exact: bool = True) -> MemoryEstimate:
+    """Per-device HBM need of a plan on `hardware`: exact from a TPU compile for it (unless `exact` is
+    False: the compile was for another generation), else estimated from the tensors."""
     kinds = _kind_bytes(plan)
     memory = dict(plan.memory)
     backend = dict(plan.provenance).get("backend")
@@ -104,7 +127,7 @@ def memory_need(plan: Plan, hardware: Hardware) -> MemoryEstimate:
         ("optimizer_state", kinds.get("opt_state", 0)),
         ("inputs", kinds.get("input", 0)),
     ]
-    if backend == "tpu" and {"argument_bytes", "temp_bytes"} <= set(memory):
+    if exact and backend == "tpu" and {"argument_bytes", "temp_bytes"} <= set(memory):
         arguments = memory["argument_bytes"]
         outputs = memory.get("output_bytes", 0) - memory.get("alias_bytes", 0)
         categories = [

@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.compare import Comparison, ComparisonRow
+from shardscope.compare import TIME_SECTIONS, Comparison, ComparisonRow
 from shardscope.report.html import environment
 from shardscope.report.terminal import FitToWidth
 from shardscope.summary import compact_bytes
@@ -17,8 +17,15 @@ from shardscope.topology import mesh_label
 BEST = "*"  # marks the best value of a row, also where colour is not shown
 
 
-def value_text(value: float | None) -> str:
-    return "—" if value is None else compact_bytes(int(value))
+def value_text(value: float | None, section: str = "") -> str:
+    """A cell: seconds in the time sections, bytes elsewhere, "—" where the plan has no such figure."""
+    if value is None:
+        return "—"
+    if section in TIME_SECTIONS:
+        from shardscope.report.estimate_text import human_seconds
+
+        return human_seconds(value)
+    return compact_bytes(int(value))
 
 
 def comparison_renderable(comparison: Comparison) -> FitToWidth:
@@ -38,7 +45,9 @@ def comparison_renderable(comparison: Comparison) -> FitToWidth:
                 section = row.section
                 table.add_row(Text(section, "bold"), *([""] * len(comparison.names)))
             cells = [
-                Text(value_text(v) + (BEST if i in row.best else " "), "bold green" if i in row.best else "")
+                Text(
+                    value_text(v, row.section) + (BEST if i in row.best else " "), "bold green" if i in row.best else ""
+                )
                 for i, v in enumerate(row.values)
             ]
             table.add_row("  " + row.label, *cells)
@@ -54,7 +63,7 @@ def _row_view(row: ComparisonRow) -> dict[str, Any]:
         "label": row.label,
         "cells": [
             {
-                "text": value_text(v),
+                "text": value_text(v, row.section),
                 "best": i in row.best,
                 "bar": 0 if v is None or not top else round(100 * v / top),
             }

@@ -194,6 +194,7 @@ def summary_counts(diff: PlanDiff) -> list[str]:
         "case": ("case field", "changed"),
         "extra_changed": ("extra plan field", "changed"),
         "memory_changed": ("memory field", "changed"),
+        "compute_changed": ("compute figure", "changed"),
         "tensor_removed": ("tensor", "removed"),
         "tensor_added": ("tensor", "added"),
         "tensor_changed": ("tensor", "changed (shape, dtype or axes)"),
@@ -288,6 +289,55 @@ def _collective_table(changes: Sequence[Change], width: int) -> Table:
     return table
 
 
+def _cost_table(diff: PlanDiff) -> Table:
+    from shardscope.report.estimate_text import cost_rows, human_seconds, target_label
+
+    target = diff.cost_after or diff.cost_before
+    assert target is not None
+    table = Table(
+        title=f"Estimated time per step ({target_label(target)}, efficiency {target.efficiency:g})",
+        title_justify="left",
+        show_edge=False,
+    )
+    for column in ("by", "", "before", "after", "Δ"):
+        table.add_column(column, justify="right" if column in ("before", "after", "Δ") else "left")
+    section = None
+    for where, name, before, after in cost_rows(diff.cost_before, diff.cost_after):
+        if section is not None and where != section:
+            table.add_section()
+        label = where if where != section else ""
+        section = where
+        delta = "" if before is None or after is None else seconds_delta(before, after)
+        style = {"up": "red", "down": "green", "same": "dim"}[trend_seconds(before, after)]
+        table.add_row(label, name, human_seconds(before), human_seconds(after), Text(delta, style))
+    return table
+
+
+def seconds_delta(before: float, after: float) -> str:
+    """ "+0.80 ms (+12%)", or "" when equal."""
+    from shardscope.report.estimate_text import signed_seconds
+
+    if before == after:
+        return ""
+    percent = f" ({(after - before) / before:+.0%})".replace("-", "−") if before else ""
+    return signed_seconds(after - before) + percent
+
+
+def trend_seconds(before: float | None, after: float | None) -> str:
+    """ "up", "down" or "same": more time is what a reviewer worries about."""
+    old, new = before or 0.0, after or 0.0
+    return "up" if new > old * (1 + 1e-9) else "down" if new < old * (1 - 1e-9) else "same"
+
+
+def cost_lines(diff: PlanDiff) -> list[str]:
+    """The cost headline of a diff: Δ step (or communication) time and the HBM need, when both are priced."""
+    from shardscope.report.estimate_text import cost_headline, memory_headline
+
+    lines = [cost_headline(diff.cost_before, diff.cost_after, diff.old_case.preset)]
+    lines.append(memory_headline(diff.cost_before, diff.cost_after))
+    return [line for line in lines if line is not None]
+
+
 def _generic_table(title: str, changes: Sequence[Change]) -> Table:
     table = Table(title=title, title_justify="left", show_edge=False)
     for column in ("field", "before", "after"):
@@ -305,7 +355,12 @@ def diff_renderable(diff: PlanDiff) -> Group:
         Text.assemble(("new ", "dim"), case_line(diff.new_case)),
         Text.assemble(verdict, ("  " + ", ".join(summary_counts(diff)), "")),
     ]
-    for kind, title in (("case", "Case"), ("extra_changed", "Extra plan fields")):
+    parts += [Text(line, "bold") for line in cost_lines(diff)]
+    for kind, title in (
+        ("case", "Case"),
+        ("extra_changed", "Extra plan fields"),
+        ("compute_changed", "Compiled work per device"),
+    ):
         if diff.of_kind(kind):
             parts += [Text(""), _generic_table(title, diff.of_kind(kind))]
     for section in headline_sections(diff):
@@ -317,6 +372,8 @@ def diff_renderable(diff: PlanDiff) -> Group:
             f" per device per step ({total})"
         )
     )
+    if diff.cost_before is not None or diff.cost_after is not None:
+        parts += [Text(""), _cost_table(diff)]
     groups = group_tensor_changes(diff.of_kind(*TENSOR_KINDS))
     if groups:
         unit = unit_axes(diff.old_case, diff.new_case)

@@ -90,7 +90,31 @@ def _stat_cards(diff: PlanDiff) -> list[dict[str, str]]:
     for name, label in (("temp_bytes", "Temp memory / device"), ("argument_bytes", "Arguments / device")):
         if name in memory_before or name in memory_after:
             cards.append((label, memory_before.get(name), memory_after.get(name)))  # type: ignore[arg-type]
-    return [{"label": label, **_sizes(before, after)} for label, before, after in cards]
+    views = [{"label": label, **_sizes(before, after)} for label, before, after in cards]
+    return _time_cards(diff) + views
+
+
+def _time_cards(diff: PlanDiff) -> list[dict[str, str]]:
+    """A first card with the estimated step (or communication) time, when both plans are priced."""
+    from shardscope.report.diff_terminal import seconds_delta, trend_seconds
+    from shardscope.report.estimate_text import human_seconds, target_label
+
+    before, after = diff.cost_before, diff.cost_after
+    if before is None or after is None:
+        return []
+    if before.compute.flops is not None and after.compute.flops is not None:
+        label, old, new = "Step time, not overlapped", before.step_no_overlap, after.step_no_overlap
+    else:
+        label, old, new = "Communication time / step", before.communication, after.communication
+    return [
+        {
+            "label": f"{label} ({target_label(after)})",
+            "before": human_seconds(old),
+            "after": human_seconds(new),
+            "delta": seconds_delta(old, new),
+            "trend": trend_seconds(old, new),
+        }
+    ]
 
 
 def _entry_parts(entry: SpecEntry, dim: DimChange | None, side: str, unit: frozenset[str]) -> list[dict[str, str]]:
@@ -253,6 +277,55 @@ def _provenance(diff: PlanDiff) -> list[dict[str, Any]]:
     ]
 
 
+def _cost(diff: PlanDiff) -> dict[str, Any] | None:
+    """The estimate section: headline, a time table, time per mesh axis and HBM against capacity as SVG."""
+    from shardscope.report.diff_terminal import cost_lines, seconds_delta, trend_seconds
+    from shardscope.report.estimate_text import cost_rows, human_seconds, target_label
+    from shardscope.report.svg import paired_bars, stacked_against_capacity
+
+    before, after = diff.cost_before, diff.cost_after
+    target = after or before
+    if target is None:
+        return None
+    rows = cost_rows(before, after)
+    sides = [(name, e) for name, e in (("before", before), ("after", after)) if e is not None]
+    return {
+        "target": target_label(target),
+        "efficiency": f"{target.efficiency:g} ({target.efficiency_source})",
+        "headlines": cost_lines(diff),
+        "rows": [
+            {
+                "section": section,
+                "name": name,
+                "before": human_seconds(b),
+                "after": human_seconds(a),
+                "delta": "" if b is None or a is None else seconds_delta(b, a),
+                "trend": trend_seconds(b, a),
+            }
+            for section, name, b, a in rows
+        ],
+        "axes_svg": paired_bars([(n, b, a) for s, n, b, a in rows if s == "mesh axis"], human_seconds),
+        "memory_svg": stacked_against_capacity(
+            [(name, e.memory.categories) for name, e in sides], target.memory.capacity, human_bytes_float
+        ),
+        "memory_source": _memory_sources(sides),
+    }
+
+
+def _memory_sources(sides: Sequence[tuple[str, Any]]) -> str:
+    from shardscope.report.estimate_text import memory_source_label
+
+    labels = {name: memory_source_label(estimate) for name, estimate in sides}
+    if len(set(labels.values())) == 1:
+        return next(iter(labels.values()))
+    return "; ".join(f"{name}: {label}" for name, label in labels.items())
+
+
+def human_bytes_float(value: float) -> str:
+    """human_bytes for chart labels, which may carry fractions."""
+    return human_bytes(int(value))
+
+
 def view_model(diff: PlanDiff) -> dict[str, Any]:
     """Everything the template shows, as plain strings, lists and dicts."""
     collectives = diff.of_kind(*COLLECTIVE_KINDS)
@@ -288,6 +361,7 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
         "notes": list(diff.notes),
         "tolerance": f"{diff.temp_tolerance:.0%}",
         "provenance": _provenance(diff),
+        "cost": _cost(diff),
     }
 
 

@@ -91,6 +91,31 @@ def _headline(diff: PlanDiff) -> list[str]:
     return lines
 
 
+def _cost(diff: PlanDiff) -> list[str]:
+    """The cost headline and the time per mesh axis that moved, when both plans are priced."""
+    from shardscope.report.diff_terminal import cost_lines, seconds_delta
+    from shardscope.report.estimate_text import cost_rows, human_seconds
+
+    if diff.cost_before is None or diff.cost_after is None:
+        return []
+    lines = [f"**{md_escape(line)}**  " for line in cost_lines(diff)]
+    moved = [
+        row
+        for row in cost_rows(diff.cost_before, diff.cost_after)
+        if row[0] in ("mesh axis", "total") and row[2] != row[3]
+    ]
+    if moved:
+        lines += ["", "| estimated time / step | before | after | Δ |", "|:--|--:|--:|--:|"]
+        for section, name, before, after in moved:
+            label = f"over {name}" if section == "mesh axis" else f"**{name}**"
+            delta = "" if before is None or after is None else seconds_delta(before, after)
+            lines.append(
+                f"| {md_escape(label) if section == 'mesh axis' else label} | {human_seconds(before)} "
+                f"| {human_seconds(after)} | {delta} |"
+            )
+    return [*lines, ""]
+
+
 def _weight(group: TensorGroup, unit: Collection[str]) -> tuple[int, int, int, str]:
     # Largest moves of bytes per device first (mirrors count: they are real memory), then the changes
     # that move real mesh axes (size-1 axes place nothing), then the most mirrored, then by path.
@@ -188,6 +213,7 @@ def render_markdown(diff: PlanDiff) -> str:
         lines.append("Tensors, collectives and memory are identical (provenance is not compared).")
         return "\n".join(lines) + "\n"
     lines += [md_escape(", ".join(summary_counts(diff))) + ".", ""]
+    lines += _cost(diff)
     lines += _headline(diff)
     groups = group_tensor_changes(diff.of_kind(*TENSOR_KINDS))
     if groups:
@@ -223,6 +249,11 @@ def render_check_markdown(outcomes: Sequence[CaseOutcome], summary: CheckSummary
             before, after = outcome.diff.totals_before.total, outcome.diff.totals_after.total
             if before != after:
                 detail += f"; traffic {human_bytes(before)} → {human_bytes(after)} ({delta_text(before, after)})"
+            from shardscope.report.estimate_text import cost_headline
+
+            cost = cost_headline(outcome.diff.cost_before, outcome.diff.cost_after, "the golden")
+            if cost:
+                detail += f"; {cost}"
         lines.append(f"| {md_escape(outcome.case_id)} | {outcome.status} | {md_escape(detail)} |")
     lines += ["", *(md_escape(hint) for hint in summary.hints)]
     for outcome in outcomes:

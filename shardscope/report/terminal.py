@@ -131,14 +131,21 @@ def _plan_summary(plan: Plan) -> Group:
     kinds.add_column("bytes / device", justify="right")
     for kind, count, size in bytes_by_kind(plan):
         kinds.add_row(kind, str(count), human_bytes(size))
+    parts: list = [header, Text(""), kinds, Text("")]
     if not plan.holds("collectives"):
-        return Group(header, Text(""), kinds, Text(""), Text("tensors only (no compile): no collectives or memory"))
-    memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
-    memory.add_column("")
-    memory.add_column("bytes / device", justify="right")
-    for name, size in plan.memory:
-        memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
-    return Group(header, Text(""), kinds, Text(""), memory, Text(""), traffic_tables(plan.collectives))
+        parts.append(Text("tensors only (no compile): no collectives or memory"))
+    else:
+        memory = Table(title="Memory (compiler)", title_justify="left", show_edge=False)
+        memory.add_column("")
+        memory.add_column("bytes / device", justify="right")
+        for name, size in plan.memory:
+            memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
+        parts += [memory, Text(""), traffic_tables(plan.collectives)]
+    if plan.estimate is not None:
+        from shardscope.report.estimate_terminal import estimate_renderable
+
+        parts += [Text(""), estimate_renderable(plan.estimate)]
+    return Group(*parts)
 
 
 def explain_renderable(
@@ -186,6 +193,10 @@ def frame_table(frame: Any, title: str = "") -> FitToWidth:
             return "-"
         if column in _BYTE_COLUMNS:
             return human_bytes(int(value))
+        if column == "time_s":
+            from shardscope.report.estimate_text import human_seconds
+
+            return human_seconds(float(value))
         if column == "share":
             return f"{100 * float(value):.0f}%"
         if isinstance(value, tuple):
@@ -195,7 +206,7 @@ def frame_table(frame: Any, title: str = "") -> FitToWidth:
     def build(width: int) -> Table:
         table = Table(title=title or None, title_justify="left", show_edge=False)
         for column in frame.columns:
-            numeric = column in _BYTE_COLUMNS or column in ("share", "rows", "count", "loop_trips")
+            numeric = column in _BYTE_COLUMNS or column in ("share", "rows", "count", "loop_trips", "time_s")
             table.add_column(str(column), justify="right" if numeric else "left", overflow="fold")
         for record in frame.itertuples(index=False):
             table.add_row(*(cell(str(c), v) for c, v in zip(frame.columns, record, strict=True)))

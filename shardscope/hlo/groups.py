@@ -227,13 +227,16 @@ def groups_to_axes(groups: list[list[int]], mesh: MeshLayout) -> tuple[str, ...]
 
 
 def pairs_to_shift(pairs: list[tuple[int, int]], mesh: MeshLayout) -> tuple[tuple[str, ...], int] | None:
-    """The single mesh axis a collective-permute shifts along, and by how much.
+    """The mesh axes a collective-permute shifts along, and by how much.
 
     Every pair must change only that axis's coordinate, all by the same amount modulo its size (pairs need
-    not cover the whole ring: a non-wrapping shift still counts).
+    not cover the whole ring: a non-wrapping shift still counts). A shift that carries from one axis into
+    the next (`0->1, 1->2, …, 7->0` on fsdp=4, expert=2: one ring through every device, as the TPU compiler
+    makes for a decomposed all-gather) is a shift along the run of adjacent axes it spans, counted on their
+    row-major index.
 
     Returns:
-      ((axis,), shift) with shift normalised into (-size/2, size/2], positive towards higher coordinates;
+      (axes, shift) with shift normalised into (-size/2, size/2], positive towards higher coordinates;
       ((), 0) when no pair moves data; None when the pairs are no such shift.
     """
     n = mesh.num_devices
@@ -242,13 +245,26 @@ def pairs_to_shift(pairs: list[tuple[int, int]], mesh: MeshLayout) -> tuple[tupl
     moved = [(mesh.coords(s), mesh.coords(t)) for s, t in pairs if s != t]
     if not moved:
         return (), 0
-    axes = {i for cs, ct in moved for i, (a, b) in enumerate(zip(cs, ct, strict=True)) if a != b}
-    if len(axes) != 1 or len(moved) != len(pairs):
+    if len(moved) != len(pairs):
         return None
-    (axis,) = axes
-    size = mesh.axis_sizes[axis]
-    shifts = {(ct[axis] - cs[axis]) % size for cs, ct in moved}
+    axes = {i for cs, ct in moved for i, (a, b) in enumerate(zip(cs, ct, strict=True)) if a != b}
+    run = range(min(axes), max(axes) + 1)
+    size = 1
+    for i in run:
+        size *= mesh.axis_sizes[i]
+
+    def index(coords: tuple[int, ...]) -> int:
+        out = 0
+        for i in run:
+            out = out * mesh.axis_sizes[i] + coords[i]
+        return out
+
+    outside = [i for i in range(len(mesh.axis_sizes)) if i not in run]
+    if any(cs[i] != ct[i] for cs, ct in moved for i in outside):
+        return None
+    shifts = {(index(ct) - index(cs)) % size for cs, ct in moved}
     if len(shifts) != 1:
         return None
     shift = shifts.pop()
-    return (mesh.axis_names[axis],), shift - size if shift > size // 2 else shift
+    spanned = tuple(mesh.axis_names[i] for i in run if mesh.axis_sizes[i] > 1)
+    return spanned, shift - size if shift > size // 2 else shift

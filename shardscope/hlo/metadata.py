@@ -15,30 +15,33 @@ _TRANSFORM_SCOPES = frozenset(
 )
 
 
+_BRACKETS = re.compile(r"[()\[\]{}]")
+
+
 def matching_bracket(text: str, open_at: int) -> int:
     """Index of the bracket closing the one at `text[open_at]` (or len(text) if unbalanced)."""
     depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] in "([{":
-            depth += 1
-        elif text[i] in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
+    for m in _BRACKETS.finditer(text, open_at):
+        depth += 1 if m.group() in "([{" else -1
+        if depth == 0:
+            return m.start()
     return len(text)
 
 
 def split_outside_brackets(text: str, sep: str) -> list[str]:
-    """Splits on `sep` outside any brackets."""
+    """Splits on `sep` (one character) outside any brackets."""
+    if not _BRACKETS.search(text):
+        return text.split(sep)
     parts, depth, start = [], 0, 0
-    for i, c in enumerate(text):
+    for m in re.finditer(r"[()\[\]{}" + re.escape(sep) + "]", text):
+        c = m.group()
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
-        elif c == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
+        elif depth == 0:
+            parts.append(text[start : m.start()])
+            start = m.end()
     return [*parts, text[start:]]
 
 
