@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from shardscope.hlo_groups import MeshLayout, expand_iota_groups, groups_to_axes
-from shardscope.hlo_metadata import matching_bracket, module_path, pass_of
+from shardscope.hlo.groups import MeshLayout, expand_iota_groups, groups_to_axes
+from shardscope.hlo.metadata import matching_bracket, module_path, pass_of
 from shardscope.lint.context import LintContext
 from shardscope.lint.finding import Finding
 
