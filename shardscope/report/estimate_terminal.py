@@ -60,11 +60,17 @@ def estimate_renderable(estimate: Estimate) -> Group:
     """The cost part of the `dump` summary."""
     lines: list = [
         Text.assemble(("Estimate on ", "bold"), (target_label(estimate), "bold"), f"  {efficiency_label(estimate)}"),
-        time_table(estimate),
-        Text.assemble(("communication ", "bold"), human_seconds(estimate.communication)),
-        Text.assemble(("compute ", "bold"), compute_label(estimate)),
-        Text.assemble(("step ", "bold"), step_label(estimate)),
     ]
+    if not estimate.rows and estimate.compute.flops is None:
+        # A tensors-only plan: nothing compiled, so no collectives or work to time; memory is still known.
+        lines.append(Text("step time unknown: no compiled step (tensors only); HBM need below", "dim"))
+    else:
+        lines += [
+            time_table(estimate),
+            Text.assemble(("communication ", "bold"), human_seconds(estimate.communication)),
+            Text.assemble(("compute ", "bold"), compute_label(estimate)),
+            Text.assemble(("step ", "bold"), step_label(estimate)),
+        ]
     if estimate.unpriced_rows:
         lines.append(Text(f"{estimate.unpriced_rows} collective row(s) not priced (see the plan JSON)", "yellow"))
     if estimate.cross_slice:
