@@ -182,7 +182,7 @@ def test_the_command_prints_a_ranked_table_and_writes_every_format(exhaustive, t
     out = capsys.readouterr().out
     best = exhaustive["deepseek-tiny"].ranking[0]
     assert "20 candidates, 1 pruned without compiling (1 indivisible)" in out
-    assert f"#1: {best.command}" in out and "#4:" not in out
+    assert f"#1 {best.reason}" in out and f"   {best.command}" in out and "#4 " not in out
     page = html.read_text()
     assert "Shardings ranked" in page and "<svg" in page and best.command.replace("'", "&#39;") in page
     assert table.read_text().startswith(",".join(CSV_COLUMNS))

@@ -177,12 +177,14 @@ def advise(
 ) -> Advice:
     """Runs the search (see the package docstring). Raises ShardscopeError on a wrong input, before compiling."""
     from shardscope.advise.template import load_template, template_case
+    from shardscope.compiler_log import prepare_compiler_log
     from shardscope.golden import GoldenCase
     from shardscope.plan import plan_from_json
     from shardscope.runner import dump_cases
     from shardscope.topology import get_topology
 
     started = time.perf_counter()
+    prepare_compiler_log()  # before the templates start JAX: compiler warnings are captured, not printed
     target = validate(request)
     overrides = dict(request.overrides)
     pool = get_topology(request.topology)

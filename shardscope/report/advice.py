@@ -14,7 +14,7 @@ from shardscope.advise.export import counts
 from shardscope.advise.rank import Ranked
 from shardscope.advise.sweep import Advice
 from shardscope.report.estimate_text import human_seconds
-from shardscope.report.terminal import FitToWidth, column_widths
+from shardscope.report.terminal import FitToWidth
 from shardscope.summary import compact_bytes, human_bytes
 
 
@@ -63,13 +63,15 @@ def advice_renderable(advice: Advice, top: int) -> Group:
     shown = advice.ranking[:top]
 
     def build(width: int) -> Table:
-        widths = column_widths(
-            width,
-            {"#": 3, "step": 19, "comm": 9, "compute": 9, "HBM": 9},
-            {"preset": 1.0, "mesh": 1.3, "why": 2.4},
-        )
+        mesh = max(len(_mesh(e)) for e in shown)
+        preset = max(len(e.candidate.preset_label) for e in shown)
+        fixed = {"#": 3, "step": 15, "comm": 8, "compute": 8, "HBM": 9}
+        # Preset and mesh share what is left, each unfolded when it fits (why is said below the table).
+        left = max(20, width - sum(fixed.values()) - 3 * 7 + 1)
+        preset = min(preset, max(8, left // 3))
+        widths = fixed | {"preset": preset, "mesh": max(10, min(mesh, left - preset - 3))}
         table = Table(show_edge=False, title_justify="left")
-        for name in ("#", "preset", "mesh", "step", "comm", "compute", "HBM", "why"):
+        for name in ("#", "preset", "mesh", "step", "comm", "compute", "HBM"):
             right = name in ("#", "step", "comm", "compute", "HBM")
             table.add_column(name, width=widths[name], overflow="fold", justify="right" if right else "left")
         for entry in shown:
@@ -77,12 +79,11 @@ def advice_renderable(advice: Advice, top: int) -> Group:
             table.add_row(
                 Text(str(entry.rank), style),
                 Text(entry.candidate.preset_label, style),
-                Text(entry.candidate.mesh_label.split(" (+")[0]),
+                Text(_mesh(entry)),
                 Text(step_text(entry), style),
                 human_seconds(entry.communication),
                 human_seconds(entry.compute),
                 hbm_text(entry),
-                Text(entry.reason),
             )
         return table
 
@@ -97,7 +98,8 @@ def advice_renderable(advice: Advice, top: int) -> Group:
             )
         )
         for entry in shown:
-            parts.append(Text(f"#{entry.rank}: {entry.command}"))
+            parts.append(Text(f"#{entry.rank} {entry.reason}"))
+            parts.append(Text(f"   {entry.command}", "dim"))
     else:
         parts.append(Text("no candidate fits in HBM", "bold red"))
     if advice.over_capacity:
@@ -116,13 +118,18 @@ def advice_renderable(advice: Advice, top: int) -> Group:
     return Group(*parts)
 
 
+def _mesh(entry: Ranked) -> str:
+    """The axes that split devices ("fsdp=4,expert=2")."""
+    return entry.candidate.mesh_label.split(" (+")[0]
+
+
 def _entry_view(entry: Ranked) -> dict[str, Any]:
     dominant = entry.dominant
     return {
         "rank": entry.rank,
         "key": entry.candidate.key,
         "preset": entry.candidate.preset_label,
-        "mesh": entry.candidate.mesh_label.split(" (+")[0],
+        "mesh": _mesh(entry),
         "step": step_text(entry),
         "communication": human_seconds(entry.communication),
         "compute": human_seconds(entry.compute),
@@ -134,20 +141,23 @@ def _entry_view(entry: Ranked) -> dict[str, Any]:
     }
 
 
+def _picture_label(entry: Ranked) -> str:
+    """ "#1 fsdp=8" — short enough for the picture's label column (the table says the rest)."""
+    label = f"#{entry.rank} {_mesh(entry)}"
+    return label if len(label) <= 24 else label[:23] + "…"
+
+
 def _time_picture(entries: Sequence[Ranked]) -> str:
     from shardscope.report.svg import stacked_bars
 
-    rows = [
-        (f"#{e.rank} {e.candidate.preset_label}", (("compute", e.compute), ("communication", e.communication)))
-        for e in entries
-    ]
+    rows = [(_picture_label(e), (("compute", e.compute), ("communication", e.communication))) for e in entries]
     return stacked_bars(rows, human_seconds, width=640)
 
 
 def _memory_picture(entries: Sequence[Ranked]) -> str:
     from shardscope.report.svg import stacked_against_capacity
 
-    sides = [(f"#{e.rank} {e.candidate.preset_label}", (("HBM need", e.hbm_need),)) for e in entries]
+    sides = [(_picture_label(e), (("HBM need", e.hbm_need),)) for e in entries]
     capacity = entries[0].hbm_capacity if entries else 0
     return stacked_against_capacity(sides, capacity, lambda v: human_bytes(int(v)), width=640)
 
