@@ -136,6 +136,17 @@ def test_json_and_csv_say_the_same(exhaustive):
     ]
 
 
+def test_the_library_gives_the_ranking_as_a_table(exhaustive):
+    import shardscope
+
+    advice = shardscope.advise("mixtral-tiny", presets=["ep-as-cp"], hardware="v5p", jobs=2)
+    assert figures(advice) == figures(exhaustive["mixtral-tiny"])
+    frame = advice.frame()
+    assert tuple(frame.columns) == CSV_COLUMNS
+    assert frame["rank"].tolist() == [e.rank for e in compiled_candidates(advice)]
+    assert frame.loc[frame["rank"] == 1, "mesh"].item() == advice.ranking[0].candidate.mesh_text
+
+
 def test_an_interrupted_sweep_continues_from_what_it_has(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     request = request_for("mixtral-tiny", "ep-as-cp", pinned=(("data", 1), ("stage", 1)))

@@ -96,9 +96,13 @@ def advice_to_json(advice: Advice) -> dict[str, Any]:
     }
 
 
-def advice_to_csv(advice: Advice) -> str:
-    """Every compiled candidate, ranked ones first, as CSV text."""
+def advice_frame(advice: Advice):
+    """Every compiled candidate, ranked ones first, as a pandas DataFrame (the CSV's columns)."""
     import pandas as pd
 
-    frame = pd.DataFrame([ranked_row(e) for e in compiled_candidates(advice)], columns=list(CSV_COLUMNS))
-    return frame.to_csv(index=False, lineterminator="\n")
+    return pd.DataFrame([ranked_row(e) for e in compiled_candidates(advice)], columns=list(CSV_COLUMNS))
+
+
+def advice_to_csv(advice: Advice) -> str:
+    """Every compiled candidate, ranked ones first, as CSV text."""
+    return advice_frame(advice).to_csv(index=False, lineterminator="\n")

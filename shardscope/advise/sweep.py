@@ -70,6 +70,12 @@ class Advice:
     def pruned_by(self, verdict: str) -> int:
         return sum(s.verdict == verdict for s in self.screenings)
 
+    def frame(self):
+        """Every compiled candidate, ranked ones first, as a pandas DataFrame (rank 0: over HBM)."""
+        from shardscope.advise.export import advice_frame
+
+        return advice_frame(self)
+
 
 @dataclass
 class _Best:
