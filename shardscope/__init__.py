@@ -1,8 +1,8 @@
 """shardscope: where every tensor of a sharded JAX model lives, and what the devices say to each other.
 
 The library (`shardscope.api`, re-exported here): `plan_case`, `plan_step`, `plan_compiled`, `load_plan`,
-`save_plan`, `diff_plans`, `render_html`, `render_markdown`, `advise`; plans, diffs and advice have pandas
-tables (`Plan.tensors_frame()`, `Plan.collectives_frame()`, `PlanDiff.tensor_changes_frame()`,
+`save_plan`, `diff_plans`, `render_html`, `render_markdown`, `rank_shardings`; plans, diffs and
+advice have pandas tables (`Plan.tensors_frame()`, `Plan.collectives_frame()`, `PlanDiff.tensor_changes_frame()`,
 `Advice.frame()`, …).
 
 The pipeline, one module per stage: `presets` and `rules` (logical → physical), `topology` and `tpu`
@@ -22,13 +22,13 @@ __version__ = "0.1.0"
 
 _API = (
     "Plan",
-    "advise",
     "PlanDiff",
     "diff_plans",
     "load_plan",
     "plan_case",
     "plan_compiled",
     "plan_step",
+    "rank_shardings",
     "render_html",
     "render_markdown",
     "save_plan",
@@ -38,12 +38,12 @@ if TYPE_CHECKING:
     from shardscope.api import (
         Plan,
         PlanDiff,
-        advise,
         diff_plans,
         load_plan,
         plan_case,
         plan_compiled,
         plan_step,
+        rank_shardings,
         render_html,
         render_markdown,
         save_plan,
@@ -62,12 +62,12 @@ __all__ = [
     "Plan",
     "PlanDiff",
     "__version__",
-    "advise",
     "diff_plans",
     "load_plan",
     "plan_case",
     "plan_compiled",
     "plan_step",
+    "rank_shardings",
     "render_html",
     "render_markdown",
     "save_plan",

@@ -8,7 +8,7 @@ plan = shardscope.plan_case("deepseek-tiny", "ep-as-cp")            # a referenc
 plan = shardscope.plan_step(jax.jit(step, in_shardings=…), args, mesh)  # any JAX program
 plan.tensors_frame(); plan.collectives_frame()                        # pandas tables
 diff = shardscope.diff_plans(old, new); diff.tensor_changes_frame()
-advice = shardscope.advise("deepseek-tiny", presets=["ep-tp"]); advice.frame()  # meshes ranked
+advice = shardscope.rank_shardings("deepseek-tiny", presets=["ep-tp"]); advice.frame()  # meshes ranked
 html = shardscope.render_html(diff)
 ```
 """
@@ -145,7 +145,7 @@ __all__ = [
 ]
 
 
-def advise(
+def rank_shardings(
     model: str,
     topology: str = "cpu-8",
     presets: Sequence[str] | None = None,

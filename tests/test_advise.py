@@ -139,7 +139,7 @@ def test_json_and_csv_say_the_same(exhaustive):
 def test_the_library_gives_the_ranking_as_a_table(exhaustive):
     import shardscope
 
-    advice = shardscope.advise("mixtral-tiny", presets=["ep-as-cp"], hardware="v5p", jobs=2)
+    advice = shardscope.rank_shardings("mixtral-tiny", presets=["ep-as-cp"], hardware="v5p", jobs=2)
     assert figures(advice) == figures(exhaustive["mixtral-tiny"])
     frame = advice.frame()
     assert tuple(frame.columns) == CSV_COLUMNS
