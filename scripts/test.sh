@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (the TPU extra too: TPU goldens are checked), then lint,
-# type check and the test suite.
+# The test command: installs what the tests need (the TPU extra too: TPU goldens are checked; the cluster
+# extra: a test starts a local Ray cluster), then lint, type check and the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu]"
+python -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,cluster]"
 
 # The HTML report is checked in a real headless browser (Debian's chromium) when one can be installed.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -8,6 +8,7 @@ plan = shardscope.plan_case("deepseek-tiny", "ep-as-cp")            # a referenc
 plan = shardscope.plan_step(jax.jit(step, in_shardings=…), args, mesh)  # any JAX program
 plan.tensors_frame(); plan.collectives_frame()                        # pandas tables
 diff = shardscope.diff_plans(old, new); diff.tensor_changes_frame()
+advice = shardscope.rank_shardings("deepseek-tiny", presets=["ep-tp"]); advice.frame()  # meshes ranked
 html = shardscope.render_html(diff)
 ```
 """
@@ -142,3 +143,54 @@ __all__ = [
     "render_markdown",
     "save_plan",
 ]
+
+
+def rank_shardings(
+    model: str,
+    topology: str = "cpu-8",
+    presets: Sequence[str] | None = None,
+    mesh: Mapping[str, int] | str | None = None,
+    settings: Mapping[str, str] | Sequence[str] | None = None,
+    *,
+    hardware: str | None = None,
+    efficiency: float | None = None,
+    jobs: int = 0,
+    use_cache: bool = True,
+    ray: str | None = None,
+):
+    """Every mesh of the topology's devices under each preset, pruned, compiled and ranked by estimated step
+    time among the plans that fit in HBM: what `shardscope advise` computes (`Advice.frame()` is its table).
+
+    Args:
+      presets: built-in names or preset files (all built-ins when None).
+      mesh: axes held at a size while the others are searched, e.g. {"data": 1} or "data=1,stage=1".
+      hardware: the generation a cpu-N topology is priced on (v5p when None; a TPU topology prices as itself).
+      jobs: worker processes (0: one per core), or Ray workers with `ray` (0: one per CPU of the cluster).
+      ray: a Ray cluster's address to compile on (host:port), instead of local processes.
+
+    Raises:
+      ShardscopeError: any input that is wrong, before anything compiles.
+    """
+    from shardscope.advise.sweep import SweepRequest
+    from shardscope.advise.sweep import advise as run_sweep
+    from shardscope.case import parse_overrides
+    from shardscope.presets import builtin_preset_names
+    from shardscope.runner import default_jobs
+    from shardscope.topology import parse_mesh_arg
+
+    pinned = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
+    overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
+    request = SweepRequest(
+        model=model,
+        topology=topology,
+        presets=tuple(presets or builtin_preset_names()),
+        overrides=tuple(sorted(overrides.items())),
+        pinned=tuple(pinned.items()),
+        hardware=hardware,
+        efficiency=efficiency,
+    )
+    if ray is not None:
+        from shardscope.ray_pool import check_reachable
+
+        check_reachable(ray)
+    return run_sweep(request, jobs if ray is not None else jobs or default_jobs(), use_cache, ray)

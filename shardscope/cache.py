@@ -32,7 +32,7 @@ SOURCE_SUFFIXES = (".py", ".yaml", ".yml")
 # Modules that present, compare or guard plans but never make one: editing them keeps the cache valid.
 PRESENTATION = frozenset(
     ("report", "commands", "cli.py", "diff.py", "compare.py", "tables.py", "check.py", "golden.py", "summary.py")
-) | {"pytest_plugin.py", "api.py", "maxtext.py"}
+) | {"pytest_plugin.py", "api.py", "maxtext.py", "advise", "ray_pool.py"}
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "libtpu", "numpy", "ml_dtypes")
 
 

@@ -71,9 +71,19 @@ def plannable_here(cases: Sequence[GoldenCase], root: Path) -> tuple[list[Golden
 
 
 def check_goldens(
-    root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress, use_cache: bool = True
+    root: Path,
+    cases: Sequence[GoldenCase],
+    jobs: int,
+    progress: Progress = _no_progress,
+    use_cache: bool = True,
+    ray: str | None = None,
+    whole_set: Sequence[GoldenCase] | None = None,
+    report_orphans: bool = True,
 ) -> tuple[CaseOutcome, ...]:
     """Re-dumps every case that has a golden and diffs it; missing and orphaned goldens are outcomes too.
+
+    `cases` may be a shard of `whole_set` (default: `cases` are the whole set); orphans are goldens no case
+    of the whole set owns, reported only with `report_orphans` (by one shard, so each is reported once).
 
     Raises:
       ShardscopeError: a case names an unknown model/preset/topology or a mesh that does not fit.
@@ -94,13 +104,13 @@ def check_goldens(
             continue
         goldens[case.case_id] = read_golden_text(path)
         present.append(case)
-    for path in orphan_goldens(root, cases):
+    for path in orphan_goldens(root, whole_set or cases) if report_orphans else ():
         outcomes.append(
             CaseOutcome(
                 str(path.relative_to(root)), "orphan", path, message=f"no case in cases.yaml owns it: delete {path}"
             )
         )
-    for result in dump_cases(present, jobs, use_cache):
+    for result in dump_cases(present, jobs, use_cache, ray):
         progress(result)
         path = golden_path(root, result.case)
         if result.plan_json is None:
@@ -125,12 +135,17 @@ def outcome_diff(outcome: CaseOutcome) -> PlanDiff | None:
 
 
 def update_goldens(
-    root: Path, cases: Sequence[GoldenCase], jobs: int, progress: Progress = _no_progress, use_cache: bool = True
+    root: Path,
+    cases: Sequence[GoldenCase],
+    jobs: int,
+    progress: Progress = _no_progress,
+    use_cache: bool = True,
+    ray: str | None = None,
 ) -> tuple[CaseOutcome, ...]:
     """Re-dumps the cases and writes their goldens atomically; says which were created or changed."""
     cases, skipped = plannable_here(cases, root)
     outcomes = list(skipped)
-    for result in dump_cases(cases, jobs, use_cache):
+    for result in dump_cases(cases, jobs, use_cache, ray):
         progress(result)
         path = golden_path(root, result.case)
         if result.plan_json is None:

@@ -415,6 +415,31 @@ JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes 
 NoCacheOption = Annotated[
     bool, typer.Option("--no-cache", help="Compile every case, even those whose inputs are all unchanged.")
 ]
+RayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help="Compile on the Ray cluster at ADDRESS (host:port or ray://host:port; default: $RAY_ADDRESS).",
+    ),
+]
+ShardOption = Annotated[
+    str | None,
+    typer.Option("--shard", metavar="K/N", help="Check only shard K of N of the golden set (1/3, 2/3, 3/3)."),
+]
+
+
+def _compile_backend(ray: str | None, jobs: int) -> tuple[str | None, int]:
+    """(the Ray cluster to compile on or None, workers): a cluster named by --ray or $RAY_ADDRESS is checked
+    for an answer before anything else; its workers default to one per CPU of the cluster (0)."""
+    from shardscope.ray_pool import check_reachable, ray_address
+    from shardscope.runner import default_jobs
+
+    address = ray_address(ray)
+    if address is None:
+        return None, jobs or default_jobs()
+    check_reachable(address)
+    return address, jobs
 
 
 def _write_reports(diffs, html: Path | None, markdown: Path | None) -> None:
@@ -495,24 +520,32 @@ def check_command(
     ] = False,
     no_cache: NoCacheOption = False,
     as_json: JsonOption = False,
+    shard: ShardOption = None,
+    ray: RayOption = None,
 ) -> None:
     """Re-dump every golden case and diff it. Exit 0 all same, 1 any changed/missing/orphaned, 2 bad input."""
     from rich.text import Text
 
     from shardscope.check import check_goldens, check_summary
-    from shardscope.golden import load_manifest
+    from shardscope.golden import load_manifest, parse_shard, shard_cases
     from shardscope.report.diff_terminal import diff_renderable
-    from shardscope.runner import default_jobs
 
     try:
-        cases = load_manifest(golden)
+        index, count = parse_shard(shard) if shard is not None else (1, 1)
+        whole = load_manifest(golden)
+        cases = shard_cases(whole, index, count)
         for report in (html, markdown):
             if report is not None:
                 from shardscope.atomic import check_writable
 
                 check_writable(report, "report")
+        address, workers = _compile_backend(ray, jobs)
         outcomes = _run_with_progress(
-            lambda tick: check_goldens(golden, cases, jobs or default_jobs(), tick, not no_cache), cases, "checking"
+            lambda tick: check_goldens(
+                golden, cases, workers, tick, not no_cache, address, whole_set=whole, report_orphans=index == 1
+            ),
+            cases,
+            "checking",
         )
     except ShardscopeError as err:
         fail(err)
@@ -563,17 +596,18 @@ def update_command(
     jobs: JobsOption = 0,
     no_cache: NoCacheOption = False,
     as_json: JsonOption = False,
+    ray: RayOption = None,
 ) -> None:
     """Regenerate goldens (all, or the named cases); every write is atomic."""
     from shardscope.check import update_goldens
     from shardscope.golden import load_manifest, orphan_goldens, select_cases
-    from shardscope.runner import default_jobs
 
     try:
         all_cases = load_manifest(golden)
         chosen = select_cases(all_cases, cases_wanted or [])
+        address, workers = _compile_backend(ray, jobs)
         outcomes = _run_with_progress(
-            lambda tick: update_goldens(golden, chosen, jobs or default_jobs(), tick, not no_cache), chosen, "updating"
+            lambda tick: update_goldens(golden, chosen, workers, tick, not no_cache, address), chosen, "updating"
         )
     except ShardscopeError as err:
         fail(err)
@@ -632,6 +666,7 @@ def main() -> None:
 
 
 # The commands defined in their own modules register themselves on `app` when imported.
+from shardscope.commands import advise as _advise  # noqa: E402,F401
 from shardscope.commands import compare as _compare  # noqa: E402,F401
 from shardscope.commands import lint as _lint  # noqa: E402,F401
 from shardscope.commands import maxtext as _maxtext  # noqa: E402,F401

@@ -179,6 +179,31 @@ def select_cases(cases: Sequence[GoldenCase], wanted: Iterable[str]) -> tuple[Go
     return tuple(chosen)
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """`--shard K/N` → (K, N): shard K of N, counted from 1 as CI matrices number their jobs (1/3, 2/3, 3/3).
+
+    Raises:
+      ShardscopeError: not two positive integers K/N (0/3 is not a shard: shards count from 1), or K > N.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ShardscopeError(f"--shard {text!r}: expected K/N, shard K of N counted from 1 (e.g. --shard 1/3)")
+    index, count = int(match.group(1)), int(match.group(2))
+    if index > count:
+        raise ShardscopeError(f"--shard {text}: out of range: {count} shards are 1/{count} … {count}/{count}")
+    return index, count
+
+
+def shard_cases(cases: Sequence[GoldenCase], index: int, count: int) -> tuple[GoldenCase, ...]:
+    """Shard `index` of `count` (from 1): every count-th case of the manifest, starting at the index-th.
+
+    Deterministic (the manifest's order alone decides), and the shards 1…count partition the set: each
+    case is in exactly one. Round-robin keeps neighbouring cases (often the same model) apart, which
+    spreads the expensive ones.
+    """
+    return tuple(case for position, case in enumerate(cases) if position % count == index - 1)
+
+
 def load_golden(path: Path) -> Plan:
     """Reads a golden plan.
 

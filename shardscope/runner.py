@@ -28,6 +28,7 @@ class DumpResult:
     case: GoldenCase
     plan_json: str | None
     error: str | None = None
+    cached: bool = False  # read from the plan cache, not compiled in this run
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ def priced(case: GoldenCase, plan_json: str) -> str:
     return plan_to_json(price_plan(plan, case.hardware, case.efficiency))
 
 
-def _start_worker(devices: int) -> None:
+def start_worker(devices: int) -> None:
+    """Prepares a worker process (local or on a cluster) before its JAX starts: a CPU pool of `devices`,
+    compiler logs captured, libtpu quiet."""
     from shardscope.compiler_log import prepare_compiler_log
 
     prepare_compiler_log()
@@ -73,7 +76,8 @@ def _start_worker(devices: int) -> None:
     configure_cpu_devices(devices)
 
 
-def _dump_one(case: GoldenCase) -> DumpResult:
+def dump_one(case: GoldenCase) -> DumpResult:
+    """Plans one case in this (prepared) worker: its plan JSON, or the one-line reason it failed."""
     from shardscope.errors import ShardscopeError
     from shardscope.extract import plan_case
     from shardscope.plan import plan_to_json
@@ -104,12 +108,16 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def dump_cases(cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True) -> Iterator[DumpResult]:
+def dump_cases(
+    cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True, ray: str | None = None
+) -> Iterator[DumpResult]:
     """Plans every case, yielding results as they finish (in any order).
 
     Cases are validated first, so a wrong name or mesh fails before anything compiles. A case whose
     inputs are all unchanged comes from the plan cache (see `shardscope.cache`) without compiling; the
-    rest are compiled, and cached.
+    rest are compiled — by `jobs` local processes, or on the Ray cluster at `ray` (`jobs` actors there,
+    0: one per CPU of the cluster) — and cached as each finishes, so an interrupted run resumes where it
+    stopped.
     """
     resolved = [resolve_golden_case(case) for case in cases]
     # A program of one's own is never cached: its source is outside what the cache key can see.
@@ -118,10 +126,10 @@ def dump_cases(cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True) -
     for index, key in enumerate(keys):
         cached = load_plan_text(key) if key is not None else None
         if cached is not None:
-            yield DumpResult(cases[index], priced(cases[index], cached))
+            yield DumpResult(cases[index], priced(cases[index], cached), cached=True)
         else:
             pending.append(index)
-    for result in _compile_cases([cases[i] for i in pending], [resolved[i] for i in pending], jobs):
+    for result in _compile_cases([cases[i] for i in pending], [resolved[i] for i in pending], jobs, ray):
         key = keys[cases.index(result.case)]
         if result.plan_json is None:
             yield result
@@ -131,22 +139,29 @@ def dump_cases(cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True) -
         yield DumpResult(result.case, priced(result.case, result.plan_json))
 
 
-def _compile_cases(cases: Sequence[GoldenCase], resolved: Sequence[Case | StepCase], jobs: int) -> Iterator[DumpResult]:
+def _compile_cases(
+    cases: Sequence[GoldenCase], resolved: Sequence[Case | StepCase], jobs: int, ray: str | None
+) -> Iterator[DumpResult]:
     if not cases:
         return
     devices = max(c.topology.num_devices if c.topology.platform == "cpu" else 1 for c in resolved)
+    # Longest first (pipelines, then DeepSeek, then the rest), so no long compile starts last.
+    order = sorted(range(len(cases)), key=lambda i: -_expected_cost(resolved[i]))
+    if ray is not None:
+        from shardscope.ray_pool import compile_on_ray
+
+        yield from compile_on_ray(ray, [cases[i] for i in order], devices, jobs)
+        return
     if jobs <= 1 or len(cases) == 1:
-        _start_worker(devices)
+        start_worker(devices)
         for case in cases:
-            yield _dump_one(case)
+            yield dump_one(case)
         return
     # "spawn": a forked child would inherit the parent's JAX state, if it has any.
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(jobs, len(cases)), mp_context=context, initializer=_start_worker, initargs=(devices,)
+        max_workers=min(jobs, len(cases)), mp_context=context, initializer=start_worker, initargs=(devices,)
     ) as pool:
-        # Longest first (pipelines, then DeepSeek, then the rest), so no long compile starts last.
-        order = sorted(range(len(cases)), key=lambda i: -_expected_cost(resolved[i]))
-        futures = [pool.submit(_dump_one, cases[i]) for i in order]
+        futures = [pool.submit(dump_one, cases[i]) for i in order]
         for future in concurrent.futures.as_completed(futures):
             yield future.result()

@@ -117,9 +117,9 @@ def test_after_editing_one_preset_only_its_cases_compile(tmp_path, monkeypatch):
     compiled: list[list[str]] = []
     real = runner._compile_cases
 
-    def spy(golden_cases, resolved, jobs):
+    def spy(golden_cases, resolved, jobs, ray):
         compiled.append([c.name for c in golden_cases])
-        return real(golden_cases, resolved, jobs)
+        return real(golden_cases, resolved, jobs, ray)
 
     monkeypatch.setattr(runner, "_compile_cases", spy)
     first = {r.case.name: r.plan_json for r in runner.dump_cases(cases, jobs=1)}

@@ -118,3 +118,44 @@ def stacked_against_capacity(
         parts.append(_text(lx + 14, ly, name.replace("_", " ")))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def stacked_bars(
+    rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], label: Callable[[float], str], width: int = 520
+) -> str:
+    """One stacked bar per row (its parts in order, e.g. compute then communication), on one linear scale
+    from zero, the total at the bar's end, a legend of the parts below."""
+    totals = [sum(value for _, value in parts) for _, parts in rows]
+    top = max(totals or [0.0]) or 1.0
+    span = width - LABEL_WIDTH - VALUE_WIDTH
+    row_height = BAR_HEIGHT + ROW_GAP
+    names: list[str] = []
+    for _, parts in rows:
+        names += [name for name, _ in parts if name not in names]
+    colour = {name: CATEGORY_COLOURS[min(i, len(CATEGORY_COLOURS) - 1)] for i, name in enumerate(names)}
+    height = len(rows) * row_height + 26
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'role="img" class="chart">'
+    ]
+    for index, ((name, parts), total) in enumerate(zip(rows, totals, strict=True)):
+        y = index * row_height
+        out.append(_text(LABEL_WIDTH - 8, y + BAR_HEIGHT - 2, name, "end"))
+        x = float(LABEL_WIDTH)
+        for part, value in parts:
+            if value <= 0:
+                continue
+            length = span * value / top
+            out.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{BAR_HEIGHT - 1}" '
+                f'fill="{colour[part]}"><title>{escape(name)}, {escape(part)}: {escape(label(value))}</title></rect>'
+            )
+            x += length
+        out.append(_text(x + 4, y + BAR_HEIGHT - 2, label(total), fill="#59636e"))
+    legend_y = len(rows) * row_height + 14
+    for index, part in enumerate(names):
+        lx = LABEL_WIDTH + index * 120
+        out.append(f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{colour[part]}"/>')
+        out.append(_text(lx + 14, legend_y, part))
+    out.append("</svg>")
+    return "".join(out)

@@ -1,0 +1,144 @@
+"""Compiled candidates in order: fastest estimated step first, among those that fit in HBM.
+
+The key is the step with nothing overlapped (compute, then every collective), then the step with
+communication fully hidden, then the HBM need, then the candidate's place in enumeration order: a plan
+that is faster however much the compiler manages to overlap ranks first, and equal estimates keep a fixed
+order, so the ranking never depends on which compile finished first. Each row says why it wins or loses:
+the winner its largest collective (axis and op); every other row the collective that costs it most
+against the winner.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardscope.advise.space import Candidate
+from shardscope.cost.estimate import Estimate
+from shardscope.plan import Plan
+from shardscope.summary import axes_label
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One compiled candidate with its estimate's figures (seconds and bytes per device per step)."""
+
+    candidate: Candidate
+    step_no_overlap: float
+    step_full_overlap: float
+    communication: float
+    compute: float
+    compute_bound: str  # "flops" or "memory": what limits the compute roofline
+    hbm_need: int
+    hbm_capacity: int
+    hbm_exact: bool  # the TPU compiler's figure (else estimated from the tensors)
+    by_collective: tuple[tuple[str, str, float], ...]  # (axes, op, seconds), most expensive first
+    command: str  # the `shardscope dump` that reproduces the plan
+    rank: int = 0  # 1 = best; 0: does not fit
+    reason: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.hbm_need <= self.hbm_capacity
+
+    @property
+    def dominant(self) -> tuple[str, str, float] | None:
+        """The collective (axes, op) that costs most time, or None when it has none."""
+        return self.by_collective[0] if self.by_collective else None
+
+    def sort_key(self) -> tuple[float, float, int, int]:
+        return (self.step_no_overlap, self.step_full_overlap, self.hbm_need, self.candidate.index)
+
+
+def collective_times(plan: Plan, estimate: Estimate) -> tuple[tuple[str, str, float], ...]:
+    """Seconds per step of each (mesh axes, op) pair, cross-slice traffic included, most expensive first."""
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    for row, time in zip(plan.collectives, estimate.rows, strict=True):
+        if time.seconds is not None:
+            totals[(axes_label(row), row.op)] += time.seconds
+    for priced in estimate.cross_slice:
+        if priced.time.seconds is not None:
+            totals[(axes_label(priced.row), priced.row.op)] += priced.time.seconds
+    return tuple(sorted(((a, o, s) for (a, o), s in totals.items()), key=lambda t: (-t[2], t[0], t[1])))
+
+
+def ranked_of(candidate: Candidate, plan: Plan, command: Sequence[str]) -> Ranked:
+    """A priced plan's figures (the plan must carry its estimate)."""
+    estimate = plan.estimate
+    if estimate is None:
+        raise ValueError(f"{candidate.key}: plan is not priced")
+    return Ranked(
+        candidate=candidate,
+        step_no_overlap=estimate.step_no_overlap,
+        step_full_overlap=estimate.step_full_overlap,
+        communication=estimate.communication,
+        compute=estimate.compute.seconds,
+        compute_bound=estimate.compute.bound,
+        hbm_need=estimate.memory.total,
+        hbm_capacity=estimate.memory.capacity,
+        hbm_exact=estimate.memory.exact,
+        by_collective=collective_times(plan, estimate),
+        command=shlex.join(command),
+    )
+
+
+def rank(entries: Sequence[Ranked]) -> tuple[tuple[Ranked, ...], tuple[Ranked, ...]]:
+    """(the candidates that fit, best first, numbered and explained; those that do not, least over first)."""
+    from dataclasses import replace
+
+    fitting = sorted((e for e in entries if e.fits), key=Ranked.sort_key)
+    over = sorted((e for e in entries if not e.fits), key=lambda e: (e.hbm_need - e.hbm_capacity, e.sort_key()))
+    best = fitting[0] if fitting else None
+    ranked = tuple(replace(e, rank=i + 1, reason=_reason(e, best)) for i, e in enumerate(fitting))
+    return ranked, tuple(replace(e, reason=_over_reason(e)) for e in over)
+
+
+def _seconds(value: float) -> str:
+    from shardscope.report.estimate_text import human_seconds
+
+    return human_seconds(value)
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "0%"
+
+
+def _reason(entry: Ranked, best: Ranked | None) -> str:
+    dominant = entry.dominant
+    if best is None or entry is best or entry.sort_key() == best.sort_key():
+        if dominant is None:
+            return "best: no collective at all; compute only"
+        axes, op, seconds = dominant
+        share = _share(seconds, entry.step_no_overlap)
+        return f"best: largest collective {op} over {axes}, {_seconds(seconds)} ({share} of its step)"
+    slower = entry.step_no_overlap - best.step_no_overlap
+    theirs = {(a, o): s for a, o, s in best.by_collective}
+    worst = max(
+        ((a, o, s - theirs.get((a, o), 0.0)) for a, o, s in entry.by_collective),
+        key=lambda t: (t[2], t[0], t[1]),
+        default=None,
+    )
+    ahead = f"+{_seconds(slower)} ({_share(slower, best.step_no_overlap)}) over #1"
+    if slower <= 0:
+        behind = entry.step_full_overlap - best.step_full_overlap
+        if behind > 0:
+            return f"ties #1 with nothing overlapped; {_seconds(behind)} slower fully overlapped"
+        if entry.hbm_need > best.hbm_need:
+            from shardscope.summary import human_bytes
+
+            return f"ties #1 in time; needs {human_bytes(entry.hbm_need - best.hbm_need)} more HBM"
+        return "ties #1 (listed after it in search order)"
+    if worst is None or worst[2] <= 0:
+        compute = entry.compute - best.compute
+        return f"{ahead}: compute {'+' if compute >= 0 else ''}{_seconds(compute)}"
+    axes, op, extra = worst
+    return f"{ahead}: {op} over {axes} costs {_seconds(extra)} more"
+
+
+def _over_reason(entry: Ranked) -> str:
+    from shardscope.summary import human_bytes
+
+    what = "" if entry.hbm_exact else " (estimated)"
+    return f"does not fit: needs {human_bytes(entry.hbm_need)}{what} of {human_bytes(entry.hbm_capacity)} HBM"

@@ -1,0 +1,265 @@
+"""The whole search: enumerate, screen, compile what is left, rank — with progress, resumable.
+
+Compiles go through the runner (`dump_cases`): local processes or a Ray cluster, and the plan cache, in
+which every compiled candidate is stored as soon as it finishes. An interrupted sweep run again therefore
+compiles only what it had not finished (with `use_cache=False` it starts over).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardscope.advise.prune import COMPILE, INVALID, Screening, Target, screen, target_of
+from shardscope.advise.rank import Ranked, rank, ranked_of
+from shardscope.advise.space import Candidate, live_axes, preset_meshes
+from shardscope.errors import ShardscopeError, unknown_name
+
+# The generation a CPU topology is priced on when the user names none (as the golden set's cases are).
+DEFAULT_HARDWARE = "v5p"
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """What to search: a model on a topology, over presets, priced on a generation."""
+
+    model: str
+    topology: str
+    presets: tuple[str, ...]
+    overrides: tuple[tuple[str, str], ...] = ()
+    pinned: tuple[tuple[str, int], ...] = ()  # axes held at a size (`--mesh`); the others are searched
+    hardware: str | None = None  # None: a TPU topology's own generation, else DEFAULT_HARDWARE
+    efficiency: float | None = None
+    exhaustive: bool = False  # compile every valid candidate, prune nothing (to audit the pruning)
+
+
+@dataclass(frozen=True)
+class SweepProgress:
+    """Where a sweep stands: candidates finished of those to compile, and the best that fits so far."""
+
+    done: int
+    total: int
+    cached: int
+    best: Ranked | None
+    last: str  # the candidate just finished
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A finished search: every candidate's fate, and the ranking."""
+
+    request: SweepRequest
+    target: str  # "v5p 2x2x2 (cpu-8 plans priced as v5p)"
+    hardware: str
+    efficiency: float
+    enumerated: int
+    screenings: tuple[Screening, ...]  # one per candidate, in enumeration order
+    ranking: tuple[Ranked, ...]  # candidates that fit, best first
+    over_capacity: tuple[Ranked, ...]  # compiled, but over HBM
+    failed: tuple[tuple[Candidate, str], ...]  # screened in, but the compile refused them
+    compiled: int  # compiled in this run
+    cached: int  # read from the plan cache
+    seconds: float  # wall time
+
+    @property
+    def pruned(self) -> tuple[Screening, ...]:
+        return tuple(s for s in self.screenings if s.verdict != COMPILE)
+
+    def pruned_by(self, verdict: str) -> int:
+        return sum(s.verdict == verdict for s in self.screenings)
+
+    def frame(self):
+        """Every compiled candidate, ranked ones first, as a pandas DataFrame (rank 0: over HBM)."""
+        from shardscope.advise.export import advice_frame
+
+        return advice_frame(self)
+
+
+@dataclass
+class _Best:
+    entries: list[Ranked] = field(default_factory=list)
+
+    def add(self, entry: Ranked) -> Ranked | None:
+        self.entries.append(entry)
+        fitting = [e for e in self.entries if e.fits]
+        return min(fitting, key=Ranked.sort_key) if fitting else None
+
+
+def preset_label(preset: str) -> str:
+    """A built-in preset's name, or a preset file's stem."""
+    return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+
+
+def validate(request: SweepRequest) -> Target:
+    """Every user input of the request, checked before anything traces (raises ShardscopeError, one line)."""
+    from shardscope.case import get_model, parse_overrides
+    from shardscope.cost.hardware import load_hardware
+    from shardscope.cost.price import target_for
+    from shardscope.presets import get_preset
+    from shardscope.topology import get_topology
+
+    get_model(request.model)
+    topology = get_topology(request.topology)
+    if not request.presets:
+        raise ShardscopeError("advise needs at least one preset")
+    if len(set(request.presets)) != len(request.presets):
+        raise ShardscopeError(f"--preset: each preset once, found {', '.join(request.presets)}")
+    presets = [get_preset(p) for p in request.presets]
+    parse_overrides([f"{k}={v}" for k, v in request.overrides])
+    axes = {axis for preset in presets for axis in preset.mesh_axes}
+    for axis, size in request.pinned:
+        if axis not in axes:
+            raise ShardscopeError(
+                f"--mesh names a missing mesh axis: {unknown_name('axis', axis, sorted(axes)).args[0]}"
+            )
+        if size < 1 or topology.num_devices % size:
+            raise ShardscopeError(
+                f"--mesh {axis}={size}: a held axis needs a size that divides {topology.num_devices} devices"
+            )
+    name = request.hardware
+    own = target_for(request.topology, None)
+    if name is None and own is None:
+        name = DEFAULT_HARDWARE
+    priced = target_for(request.topology, name)
+    assert priced is not None  # a generation is named or the topology has its own
+    if request.efficiency is not None and not 0 < request.efficiency <= 1:
+        raise ShardscopeError(f"--efficiency must be in (0, 1], found {request.efficiency}")
+    return target_of(request.topology, load_hardware(priced.hardware.name), name, request.efficiency)
+
+
+def enumerate_candidates(request: SweepRequest, templates: Mapping[str, object]) -> list[Candidate]:
+    """Every (preset, mesh) of the search, in a fixed order: presets as given, meshes lexicographically."""
+    from shardscope.presets import get_preset
+    from shardscope.topology import get_topology
+
+    devices = get_topology(request.topology).num_devices
+    candidates: list[Candidate] = []
+    for name in request.presets:
+        preset = get_preset(name)
+        template = templates[name]
+        live = live_axes(preset, template.logical_names)  # type: ignore[attr-defined]
+        pinned = {a: s for a, s in request.pinned if a in preset.mesh_axes}
+        for mesh in preset_meshes(preset, live, devices, pinned):
+            candidates.append(Candidate(len(candidates), name, preset_label(name), mesh))
+    return candidates
+
+
+def reproduce_command(request: SweepRequest, candidate: Candidate, hardware: str | None) -> list[str]:
+    """The `shardscope dump` command line that makes this candidate's plan (as short as it can be)."""
+    from shardscope.presets import get_preset
+    from shardscope.topology import format_mesh, get_topology, resolve_mesh
+
+    preset = get_preset(candidate.preset)
+    devices = get_topology(request.topology).num_devices
+    wanted = dict(candidate.mesh)
+    # The axes that split devices, and those the preset sizes itself (which would otherwise keep its sizes).
+    spelled = {axis: size for axis, size in candidate.mesh if size != 1 or axis in dict(preset.mesh)}
+    try:
+        same = dict(resolve_mesh(preset, devices, spelled)) == wanted
+    except ShardscopeError:
+        same = False
+    if not same:
+        spelled = wanted
+    order = [axis for axis, _ in candidate.mesh]
+    command = ["shardscope", "dump", request.model, "--preset", candidate.preset, "--topology", request.topology]
+    command += ["--mesh", format_mesh(sorted(spelled.items(), key=lambda kv: order.index(kv[0])))]
+    for key, value in request.overrides:
+        command += ["--set", f"{key}={value}"]
+    if hardware is not None:
+        command += ["--hardware", hardware]
+    if request.efficiency is not None:
+        command += ["--efficiency", f"{request.efficiency:g}"]
+    return command
+
+
+def advise(
+    request: SweepRequest,
+    jobs: int,
+    use_cache: bool = True,
+    ray: str | None = None,
+    progress: Callable[[SweepProgress], None] | None = None,
+) -> Advice:
+    """Runs the search (see the package docstring). Raises ShardscopeError on a wrong input, before compiling."""
+    from shardscope.advise.template import load_template, template_case
+    from shardscope.compiler_log import prepare_compiler_log
+    from shardscope.golden import GoldenCase
+    from shardscope.plan import plan_from_json
+    from shardscope.runner import dump_cases
+    from shardscope.topology import get_topology
+
+    started = time.perf_counter()
+    prepare_compiler_log()  # before the templates start JAX: compiler warnings are captured, not printed
+    target = validate(request)
+    overrides = dict(request.overrides)
+    pool = get_topology(request.topology)
+    templates = {
+        name: load_template(template_case(request.model, name, request.topology, overrides), pool, use_cache)
+        for name in request.presets
+    }
+    candidates = enumerate_candidates(request, templates)
+    screenings = tuple(
+        screen(c, templates[c.preset], request.model, request.topology, overrides, target) for c in candidates
+    )
+    wanted = [s.candidate for s in screenings if s.verdict == COMPILE or (request.exhaustive and s.verdict != INVALID)]
+    # A CPU plan names the generation it is priced on; a TPU topology prices as itself unless told otherwise.
+    hardware = target.hardware_name
+    cases = [
+        GoldenCase(
+            request.model,
+            c.preset,
+            request.topology,
+            c.mesh_text,
+            tuple(f"{k}={v}" for k, v in request.overrides),
+            name=str(c.index),
+            hardware=hardware,
+            efficiency=request.efficiency,
+        )
+        for c in wanted
+    ]
+    by_index = {c.index: c for c in candidates}
+    entries: list[Ranked] = []
+    failed: list[tuple[Candidate, str]] = []
+    best = _Best()
+    cached = 0
+    current: Ranked | None = None
+    for done, result in enumerate(dump_cases(cases, jobs, use_cache, ray), start=1):
+        candidate = by_index[int(result.case.name)]
+        cached += result.cached
+        if result.plan_json is None:
+            failed.append((candidate, result.error or "failed"))
+        else:
+            plan = plan_from_json(result.plan_json, candidate.key)
+            entry = ranked_of(candidate, plan, reproduce_command(request, candidate, hardware))
+            entries.append(entry)
+            current = best.add(entry)
+        if progress is not None:
+            progress(SweepProgress(done, len(cases), cached, current, candidate.key))
+    ranking, over = rank(entries)
+    estimate_target = _target_label(request, target)
+    return Advice(
+        request=request,
+        target=estimate_target,
+        hardware=target.hardware.name,
+        efficiency=request.efficiency if request.efficiency is not None else target.hardware.efficiency,
+        enumerated=len(candidates),
+        screenings=screenings,
+        ranking=ranking,
+        over_capacity=over,
+        failed=tuple(sorted(failed, key=lambda f: f[0].index)),
+        compiled=len(cases) - cached,
+        cached=cached,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _target_label(request: SweepRequest, target: Target) -> str:
+    if target.exact_memory:
+        return f"{request.topology} ({target.hardware.name})"
+    return f"{target.hardware.name} (a {request.topology} plan priced as {target.hardware.name})"
+
+
+def compiled_candidates(advice: Advice) -> Sequence[Ranked]:
+    """Every compiled candidate: the ranking, then those over HBM."""
+    return (*advice.ranking, *advice.over_capacity)

@@ -1,0 +1,165 @@
+"""A model's tensors under a preset, placed on any mesh without tracing again.
+
+One tensors-only trace per preset gives every tensor's shape, dtype and logical axes; where a tensor lives
+on a mesh is then the rules' answer for its logical axes without the size-1 axes (`physical_spec`), which
+is pure Python. That is what lets `advise` check divisibility and bound memory for thousands of meshes in
+seconds. The trace runs on one device with the candidates' batch, all mesh axes of size 1: shapes do not
+depend on the mesh (the batch is per step, not per device), except inside an active pipeline, whose
+microbatches change the activations' shapes (see `MeshTensors.activations_known`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shardscope.case import Case
+from shardscope.plan import TENSORS_ONLY, CaseRecord, Plan, TensorRecord
+from shardscope.rules import Rule, Spec, drop_unit_axes, indivisible_dims, resolve_logical
+from shardscope.settings import MODEL_SETTABLE
+from shardscope.topology import Topology
+
+# Tensor kinds whose placement comes from the rules alone (activations may also be placed physically).
+STATE_KINDS = ("param", "opt_state", "input")
+# Bytes per element of the dtypes plans record.
+_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "bfloat16": 2, "float16": 2, "int32": 4, "uint32": 4}
+_ITEMSIZE |= {"float32": 4, "int64": 8, "uint64": 8, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a plan's dtype name."""
+    if dtype in _ITEMSIZE:
+        return _ITEMSIZE[dtype]
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)
+
+
+@dataclass(frozen=True)
+class MeshTensors:
+    """The template's tensors placed on one mesh: what a tensors-only plan of that mesh would record.
+
+    `activations_known` is False under an active pipeline: the template's activations (one unsplit batch)
+    are not that program's (microbatches), so they are left out — every figure here is then a lower bound.
+    """
+
+    tensors: tuple[tuple[str, TensorRecord], ...]
+    specs: tuple[Spec, ...]  # of every template tensor but the outputs, whether placed here or not
+    indivisible: tuple[str, ...]  # one line per tensor whose dimension its mesh axes do not divide
+    activations_known: bool
+
+
+@dataclass
+class Template:
+    """Every tensor of one model under one preset (from a tensors-only plan), ready to place on a mesh."""
+
+    plan: Plan
+    rules: tuple[Rule, ...]
+    _specs: dict[tuple[str | None, ...], Spec] = field(default_factory=dict)
+
+    @property
+    def logical_names(self) -> frozenset[str]:
+        """Every logical axis name some tensor of the model carries."""
+        return frozenset(name for _, t in self.plan.tensors if t.logical for name in t.logical if name is not None)
+
+    def rule_spec(self, logical: Sequence[str | None]) -> Spec:
+        """The rules' spec of a logical-axes tuple (before size-1 axes are dropped); memoised, as it does
+        not depend on the mesh."""
+        key = tuple(logical)
+        if key not in self._specs:
+            self._specs[key] = resolve_logical(key, self.rules)
+        return self._specs[key]
+
+    def place(self, mesh: Sequence[tuple[str, int]], pipelined: bool) -> MeshTensors:
+        """The tensors on `mesh`. `pipelined`: the mesh runs the preset's pipeline (stage axis > 1)."""
+        sizes = dict(mesh)
+        placed: list[tuple[str, TensorRecord]] = []
+        specs: list[Spec] = []
+        bad: list[str] = []
+        for path, tensor in self.plan.tensors:
+            if tensor.kind == "output" or (tensor.kind == "activation" and tensor.logical is None):
+                continue
+            spec = self._spec(tensor, sizes)
+            specs.append(spec)
+            if tensor.kind == "activation" and pipelined:
+                continue
+            for dim, size, axes, ways in indivisible_dims(tensor.shape, spec, sizes)[:1]:
+                bad.append(f"{path}: dimension {dim} of size {size} over {'×'.join(axes)} = {ways} shards")
+            placed.append((path, _record(tensor, spec, sizes)))
+        return MeshTensors(tuple(placed), tuple(specs), tuple(bad), activations_known=not pipelined)
+
+    def _spec(self, tensor: TensorRecord, sizes: Mapping[str, int]) -> Spec:
+        if tensor.logical is None:  # a state tensor without logical axes is replicated
+            return (None,) * len(tensor.shape)
+        spec = drop_unit_axes(self.rule_spec(tensor.logical), dict(sizes))
+        return spec + (None,) * (len(tensor.shape) - len(spec))
+
+
+def _record(tensor: TensorRecord, spec: Spec, sizes: Mapping[str, int]) -> TensorRecord:
+    local = []
+    for size, entry in zip(tensor.shape, spec, strict=True):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        local.append(-(-size // math.prod(sizes[a] for a in axes)))
+    nbytes = math.prod(local) * itemsize(tensor.dtype)
+    return TensorRecord(tensor.kind, tensor.shape, tensor.dtype, tensor.logical, spec, tuple(local), nbytes)
+
+
+def placed_plan(case: CaseRecord, placed: MeshTensors) -> Plan:
+    """A tensors-only plan of the placed tensors, for the cost model's memory estimate."""
+    return Plan(
+        case=case,
+        provenance=(("backend", "cpu"),),
+        tensors=placed.tensors,
+        parts=TENSORS_ONLY,
+    )
+
+
+def template_case(model: str, preset: str, topology: str, overrides: Mapping[str, str]) -> Case:
+    """The case a preset's template is traced from: one device, every mesh axis 1, and the batch a step on
+    `topology` has (made explicit: on one device a per-device batch would be another step).
+
+    Raises:
+      ShardscopeError: an unknown model, preset or topology, or a wrong setting (as `dump` would say).
+    """
+    from shardscope.case import get_model, resolve_case
+    from shardscope.presets import get_preset
+    from shardscope.settings import apply_model_settings, check_model
+    from shardscope.topology import get_topology
+
+    devices = get_topology(topology).num_devices
+    fields = {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")}
+    config = apply_model_settings(get_model(model), fields) if set(fields) <= set(MODEL_SETTABLE) else None
+    settings = dict(overrides)
+    if config is not None:
+        check_model(model, config, devices)
+        settings["model.global_batch"] = str(config.batch_for(devices))
+    one = {axis: 1 for axis in get_preset(preset).mesh_axes}
+    return resolve_case(model, preset, "cpu-1", one, settings)
+
+
+def load_template(case: Case, pool: Topology, use_cache: bool = True) -> Template:
+    """Traces the template case (a tensors-only plan), or reads it from the plan cache.
+
+    `pool` is the topology this process compiles for afterwards: fake CPU devices are sized once per
+    process, so the pool is sized for it (not for the template's one device) before JAX starts.
+    """
+    from shardscope.cache import case_key, load_plan_text, store
+    from shardscope.plan import plan_from_json, plan_to_json
+
+    key = case_key(case, tensors_only=True) if use_cache else None
+    cached = load_plan_text(key) if key is not None else None
+    if cached is not None:
+        return Template(plan_from_json(cached, "cached template"), case.preset.logical_axis_rules)
+    import jax
+
+    from shardscope.extract import plan_case
+    from shardscope.topology import configure_devices
+
+    configure_devices(pool)
+    jax.devices()  # starts the backend with that pool, so that nothing resizes it
+    plan = plan_case(case, tensors_only=True)
+    if key is not None:
+        store(key, plan_to_json(plan))
+    return Template(plan, case.preset.logical_axis_rules)

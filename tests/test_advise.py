@@ -1,0 +1,205 @@
+"""`advise`: the search space, pruning against compiling everything, ranking, resuming, and its outputs."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import sys
+from importlib import resources
+
+import pytest
+import yaml
+
+from shardscope.advise.export import CSV_COLUMNS, advice_to_csv, advice_to_json
+from shardscope.advise.prune import INDIVISIBLE, MEMORY
+from shardscope.advise.space import count_factorizations, divisors, factorizations
+from shardscope.advise.sweep import SweepRequest, advise, compiled_candidates, enumerate_candidates
+from shardscope.cli import main
+from shardscope.cost.hardware import TABLE_ENV
+from shardscope.presets import get_preset
+from shardscope.topology import parse_mesh_arg, resolve_mesh
+
+# One preset per tiny model, every mesh of 8 devices over the axes it can use (20 candidates each, one of
+# deepseek-tiny's indivisible): the search the exhaustive test repeats by compiling every candidate.
+SEARCHES = (("deepseek-tiny", "ep-tp"), ("mixtral-tiny", "ep-as-cp"))
+
+
+def request_for(model: str, preset: str, **fields) -> SweepRequest:
+    return SweepRequest(model, "cpu-8", (preset,), hardware="v5p", **fields)
+
+
+def figures(advice):
+    """What a ranking says, row by row."""
+    return [
+        (e.rank, e.candidate.key, e.step_no_overlap, e.step_full_overlap, e.hbm_need, e.reason, e.command)
+        for e in advice.ranking
+    ]
+
+
+def test_factorizations_are_every_ordered_product():
+    for devices in (1, 8, 12, 128):
+        for axes in range(4):
+            listed = list(factorizations(devices, ["a"] * axes))
+            assert len(listed) == len(set(listed)) == count_factorizations(devices, axes)
+            for sizes in listed:
+                product = 1
+                for size in sizes:
+                    product *= size
+                assert product == devices
+    assert divisors(12) == (1, 2, 3, 4, 6, 12)
+    # By brute force: every tuple over the divisors whose product is 8, three axes.
+    brute = [(a, b, c) for a in divisors(8) for b in divisors(8) for c in divisors(8) if a * b * c == 8]
+    assert sorted(brute) == list(factorizations(8, ["x", "y", "z"]))
+
+
+@pytest.fixture(scope="module")
+def exhaustive():
+    """Every valid candidate of each search compiled and ranked on the real v5p table (fills the plan cache)."""
+    return {model: advise(request_for(model, preset, exhaustive=True), jobs=2) for model, preset in SEARCHES}
+
+
+def _small_hbm_table(tmp_path, capacity: int):
+    built_in = yaml.safe_load(resources.files("shardscope.cost").joinpath("hardware.yaml").read_text())
+    v5p = dict(built_in["generations"]["v5p"], hbm_bytes=capacity)
+    path = tmp_path / "small-hbm.yaml"
+    path.write_text(yaml.safe_dump({"generations": {"v5p": v5p}}))
+    return path
+
+
+@pytest.mark.parametrize(("model", "preset"), SEARCHES)
+def test_the_pruned_search_ranks_as_compiling_every_candidate(model, preset, exhaustive, tmp_path, monkeypatch):
+    everything = exhaustive[model]
+    assert everything.enumerated == 20 and len(everything.ranking) >= 10
+    # An HBM between the candidates' needs (each v5p device is one chip), so that memory prunes some of them.
+    needs = sorted(e.hbm_need for e in compiled_candidates(everything))
+    capacity = needs[len(needs) // 2]
+    monkeypatch.setenv(TABLE_ENV, str(_small_hbm_table(tmp_path, capacity)))
+
+    full = advise(request_for(model, preset, exhaustive=True), jobs=2)
+    pruned = advise(request_for(model, preset), jobs=2)
+
+    # Both read what the fixture compiled (a refused compile is not cached: it is tried again).
+    assert full.compiled == len(full.failed) and pruned.compiled == len(pruned.failed) == 0
+    assert pruned.pruned_by(MEMORY) >= 3, "the capacity must make the memory bound prune something"
+    assert len(full.over_capacity) >= pruned.pruned_by(MEMORY)
+    assert figures(pruned) == figures(full)
+    refused = {c.key for c, _ in full.failed}
+    over = {e.candidate.key for e in full.over_capacity}
+    for screening in pruned.pruned:
+        key = screening.candidate.key
+        if screening.verdict == MEMORY:
+            assert key in over, f"{key} was pruned for memory but fits when compiled"
+        elif screening.verdict == INDIVISIBLE:
+            assert key in refused, f"{key} was pruned as indivisible but compiles"
+    assert {e.candidate.key for e in pruned.over_capacity} <= over
+    # Every candidate is accounted for exactly once.
+    ranked = {e.candidate.key for e in compiled_candidates(pruned)} | {c.key for c, _ in pruned.failed}
+    assert len(ranked) + len(pruned.pruned) == pruned.enumerated
+
+
+def test_the_ranking_is_ordered_and_each_row_says_why(exhaustive):
+    advice = exhaustive["deepseek-tiny"]
+    steps = [e.step_no_overlap for e in advice.ranking]
+    assert steps == sorted(steps)
+    assert [e.rank for e in advice.ranking] == list(range(1, len(advice.ranking) + 1))
+    best = advice.ranking[0]
+    assert best.reason.startswith("best: largest collective")
+    axes, op, _ = best.dominant
+    assert f"{op} over {axes}" in best.reason
+    for entry in advice.ranking[1:]:
+        assert "over #1" in entry.reason or entry.reason.startswith("ties #1"), entry.reason
+
+
+def test_each_command_reproduces_its_mesh(exhaustive):
+    """The printed `dump` command resolves to exactly the candidate's mesh (what `dump` would compile)."""
+    for advice in exhaustive.values():
+        for entry in compiled_candidates(advice):
+            words = entry.command.split()
+            preset = get_preset(words[words.index("--preset") + 1])
+            mesh = parse_mesh_arg(words[words.index("--mesh") + 1])
+            assert resolve_mesh(preset, 8, mesh) == entry.candidate.mesh, entry.command
+            assert words[words.index("--hardware") + 1] == "v5p"
+
+
+def test_json_and_csv_say_the_same(exhaustive):
+    advice = exhaustive["mixtral-tiny"]
+    data = advice_to_json(advice)
+    assert data["counts"]["enumerated"] == 20
+    assert [r["mesh"] for r in data["ranking"]] == [e.candidate.mesh_text for e in advice.ranking]
+    rows = list(csv.DictReader(io.StringIO(advice_to_csv(advice))))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert len(rows) == len(compiled_candidates(advice))
+    assert [float(r["step_no_overlap_s"]) for r in rows[: len(advice.ranking)]] == [
+        e.step_no_overlap for e in advice.ranking
+    ]
+
+
+def test_the_library_gives_the_ranking_as_a_table(exhaustive):
+    import shardscope
+
+    advice = shardscope.rank_shardings("mixtral-tiny", presets=["ep-as-cp"], hardware="v5p", jobs=2)
+    assert figures(advice) == figures(exhaustive["mixtral-tiny"])
+    frame = advice.frame()
+    assert tuple(frame.columns) == CSV_COLUMNS
+    assert frame["rank"].tolist() == [e.rank for e in compiled_candidates(advice)]
+    assert frame.loc[frame["rank"] == 1, "mesh"].item() == advice.ranking[0].candidate.mesh_text
+
+
+def test_an_interrupted_sweep_continues_from_what_it_has(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    request = request_for("mixtral-tiny", "ep-as-cp", pinned=(("data", 1), ("stage", 1)))
+    seen = []
+
+    def stop_after_two(state):
+        seen.append(state)
+        if state.done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        advise(request, jobs=1, progress=stop_after_two)
+    assert [s.done for s in seen] == [1, 2] and seen[-1].total == 4
+    resumed = advise(request, jobs=1)
+    assert (resumed.cached, resumed.compiled) == (2, 2)
+    again = advise(request, jobs=1)
+    assert (again.cached, again.compiled) == (4, 0)
+    assert figures(again) == figures(resumed)
+    # Progress reports the best plan so far, which after the last candidate is the winner.
+    states = []
+    final = advise(request, jobs=1, progress=states.append)
+    assert states[-1].done == states[-1].total == 4
+    assert states[-1].best is not None and states[-1].best.candidate == final.ranking[0].candidate
+
+
+def test_held_axes_limit_the_search(tmp_path):
+    from shardscope.advise.template import load_template, template_case
+    from shardscope.topology import get_topology
+
+    request = request_for("mixtral-tiny", "ep-as-cp", pinned=(("data", 1), ("stage", 1)))
+    template = load_template(template_case("mixtral-tiny", "ep-as-cp", "cpu-8", {}), get_topology("cpu-8"))
+    candidates = enumerate_candidates(request, {"ep-as-cp": template})
+    assert [dict(c.mesh)["fsdp"] * dict(c.mesh)["expert"] for c in candidates] == [8, 8, 8, 8]
+    assert all(dict(c.mesh)["data"] == dict(c.mesh)["stage"] == 1 for c in candidates)
+
+
+def test_the_command_prints_a_ranked_table_and_writes_every_format(exhaustive, tmp_path, monkeypatch, capsys):
+    html, table = tmp_path / "advice.html", tmp_path / "advice.csv"
+    argv = ["shardscope", "advise", "deepseek-tiny", "-p", "ep-tp", "--hardware", "v5p", "--top", "3"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--html", str(html), "--csv", str(table)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    best = exhaustive["deepseek-tiny"].ranking[0]
+    assert "20 candidates, 1 pruned without compiling (1 indivisible)" in out
+    assert f"#1 {best.reason}" in out and f"   {best.command}" in out and "#4 " not in out
+    page = html.read_text()
+    assert "Shardings ranked" in page and "<svg" in page and best.command.replace("'", "&#39;") in page
+    assert table.read_text().startswith(",".join(CSV_COLUMNS))
+    monkeypatch.setattr(sys, "argv", [*argv, "--json"])
+    with pytest.raises(SystemExit):
+        main()
+    data = json.loads(capsys.readouterr().out)
+    assert data["ranking"][0]["command"] == best.command
+    assert dataclasses.asdict(best.candidate)["preset"] == "ep-tp"

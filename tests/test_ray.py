@@ -1,0 +1,86 @@
+"""Compiling on a Ray cluster: a local cluster started here gives the table the local processes give."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+RAY = str(Path(sys.executable).parent / "ray")
+SEARCH = ["advise", "mixtral-tiny", "--preset", "ep-as-cp", "--mesh", "data=1,stage=1", "--hardware", "v5p"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A one-node Ray cluster with two CPUs, stopped afterwards."""
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    start = [RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
+    start += ["--disable-usage-stats", "--object-store-memory=150000000"]
+    subprocess.run(start, check=True, env=env, capture_output=True, timeout=300)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=300)
+
+
+def _shardscope(args, cache: Path, **env_extra):
+    env = dict(os.environ, SHARDSCOPE_CACHE_DIR=str(cache), **env_extra)
+    if "RAY_ADDRESS" not in env_extra:
+        env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "shardscope.cli", *args], env=env, capture_output=True, text=True, timeout=1200
+    )
+
+
+def _table(data):
+    return {key: data[key] for key in ("ranking", "over_capacity", "failed", "pruned", "target", "efficiency")}
+
+
+def test_a_sweep_on_a_ray_cluster_gives_the_local_table(cluster, tmp_path):
+    on_ray = _shardscope([*SEARCH, "--json", "--ray", cluster], tmp_path / "ray-cache")
+    assert on_ray.returncode == 0, on_ray.stderr
+    local = _shardscope([*SEARCH, "--json", "--no-cache"], tmp_path / "local-cache")
+    assert local.returncode == 0, local.stderr
+    ray_data, local_data = json.loads(on_ray.stdout), json.loads(local.stdout)
+    assert ray_data["counts"]["compiled"] == 4 and ray_data["counts"]["cached"] == 0
+    assert len(ray_data["ranking"]) == 4
+    assert _table(ray_data) == _table(local_data)
+    # What the cluster compiled was cached here: the same search again compiles nothing.
+    again = _shardscope([*SEARCH, "--json"], tmp_path / "ray-cache")
+    assert json.loads(again.stdout)["counts"]["compiled"] == 0
+
+
+def test_check_runs_on_the_cluster_named_by_ray_address(cluster, tmp_path):
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "cases.yaml").write_text("cases:\n  - {model: mixtral-tiny, preset: ep-as-cp}\n")
+    made = _shardscope(["update", "--golden", str(golden)], tmp_path / "cache")
+    assert made.returncode == 0, made.stderr
+    checked = _shardscope(
+        ["check", "--golden", str(golden), "--no-cache", "--json"], tmp_path / "cache", RAY_ADDRESS=cluster
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["summary"] == "1 case: 1 same"
+
+
+def test_a_cluster_that_does_not_answer_is_one_line(tmp_path):
+    port = _free_port()  # nothing listens there
+    result = _shardscope([*SEARCH, "--ray", f"127.0.0.1:{port}"], tmp_path / "cache")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"shardscope: error: --ray 127.0.0.1:{port}: no Ray cluster reachable there (Connection refused)"
+    )
