@@ -112,6 +112,24 @@ def test_the_ranking_is_ordered_and_each_row_says_why(exhaustive):
         assert "over #1" in entry.reason or entry.reason.startswith("ties #1"), entry.reason
 
 
+def test_plans_equal_up_to_rounding_are_said_to_tie(exhaustive):
+    from shardscope.advise.rank import rank
+
+    best = exhaustive["deepseek-tiny"].ranking[0]
+    twin = dataclasses.replace(
+        best,
+        candidate=dataclasses.replace(best.candidate, index=best.candidate.index + 100),
+        step_no_overlap=best.step_no_overlap * (1 + 1e-15),
+        step_full_overlap=best.step_full_overlap * (1 - 1e-15),
+    )
+    slower = dataclasses.replace(twin, step_full_overlap=best.step_full_overlap * 1.5)
+    ranked, over = rank([slower, twin, best])
+    assert [e.candidate.index for e in ranked] == [best.candidate.index, twin.candidate.index, slower.candidate.index]
+    assert ranked[1].reason == "same estimate as #1 (listed after it in search order)"
+    assert ranked[2].reason.startswith("ties #1 with nothing overlapped;") and " 0 s " not in ranked[2].reason
+    assert over == ()
+
+
 def test_each_command_reproduces_its_mesh(exhaustive):
     """The printed `dump` command resolves to exactly the candidate's mesh (what `dump` would compile)."""
     for advice in exhaustive.values():

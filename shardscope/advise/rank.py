@@ -10,6 +10,7 @@ against the winner.
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections import defaultdict
 from collections.abc import Sequence
@@ -105,6 +106,11 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "0%"
 
 
+def _same(a: float, b: float) -> bool:
+    """Equal up to float rounding: the same program under two presets sums its times in another order."""
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+
 def _reason(entry: Ranked, best: Ranked | None) -> str:
     dominant = entry.dominant
     if best is None or entry is best or entry.sort_key() == best.sort_key():
@@ -121,15 +127,15 @@ def _reason(entry: Ranked, best: Ranked | None) -> str:
         default=None,
     )
     ahead = f"+{_seconds(slower)} ({_share(slower, best.step_no_overlap)}) over #1"
-    if slower <= 0:
+    if _same(entry.step_no_overlap, best.step_no_overlap):
         behind = entry.step_full_overlap - best.step_full_overlap
-        if behind > 0:
+        if not _same(entry.step_full_overlap, best.step_full_overlap):
             return f"ties #1 with nothing overlapped; {_seconds(behind)} slower fully overlapped"
         if entry.hbm_need > best.hbm_need:
             from shardscope.summary import human_bytes
 
             return f"ties #1 in time; needs {human_bytes(entry.hbm_need - best.hbm_need)} more HBM"
-        return "ties #1 (listed after it in search order)"
+        return "same estimate as #1 (listed after it in search order)"
     if worst is None or worst[2] <= 0:
         compute = entry.compute - best.compute
         return f"{ahead}: compute {'+' if compute >= 0 else ''}{_seconds(compute)}"
