@@ -171,24 +171,11 @@ def rank_shardings(
     Raises:
       ShardscopeError: any input that is wrong, before anything compiles.
     """
-    from shardscope.advise.sweep import SweepRequest
     from shardscope.advise.sweep import advise as run_sweep
-    from shardscope.case import parse_overrides
-    from shardscope.presets import builtin_preset_names
+    from shardscope.advise.sweep import make_request
     from shardscope.runner import default_jobs
-    from shardscope.topology import parse_mesh_arg
 
-    pinned = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
-    overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
-    request = SweepRequest(
-        model=model,
-        topology=topology,
-        presets=tuple(presets or builtin_preset_names()),
-        overrides=tuple(sorted(overrides.items())),
-        pinned=tuple(pinned.items()),
-        hardware=hardware,
-        efficiency=efficiency,
-    )
+    request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
     if ray is not None:
         from shardscope.ray_pool import check_reachable
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reference_models import MODELS, DecoderConfig
 from shardscope.errors import ShardscopeError, unknown_name
@@ -16,6 +16,9 @@ from shardscope.presets import PRESET_SETTABLE, Preset, apply_preset_overrides, 
 from shardscope.rules import drop_unit_axes, entry_axes, resolve_logical
 from shardscope.settings import MODEL_SETTABLE, apply_model_settings, check_model
 from shardscope.topology import Topology, get_topology, resolve_mesh
+
+if TYPE_CHECKING:
+    from shardscope.plan import CaseRecord
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,19 @@ class Case:
         for _, size in self.mesh:
             count *= size
         return count
+
+    def record(self) -> CaseRecord:
+        """The case header a plan of this case carries."""
+        from shardscope.plan import CaseRecord
+
+        return CaseRecord(
+            model=self.model_name,
+            preset=self.preset.name,
+            topology=self.topology.name,
+            mesh=self.mesh,
+            axis_types="explicit" if self.preset.shard_mode == "explicit" else "auto",
+            overrides=self.overrides,
+        )
 
     @property
     def global_batch(self) -> int:

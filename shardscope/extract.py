@@ -143,17 +143,6 @@ def slice_mesh(case: Case) -> tuple[tuple[str, int], ...]:
     return tuple((axis, size // slices if axis == DCN_AXIS else size) for axis, size in case.mesh)
 
 
-def _case_record(case: Case) -> CaseRecord:
-    return CaseRecord(
-        model=case.model_name,
-        preset=case.preset.name,
-        topology=case.topology.name,
-        mesh=case.mesh,
-        axis_types="explicit" if case.preset.shard_mode == "explicit" else "auto",
-        overrides=case.overrides,
-    )
-
-
 def _step_tensors(step: CompiledStep | TracedStep, out_info: Any) -> tuple[tuple[str, TensorRecord], ...]:
     """Every tensor of a traced step, sorted by path; its outputs as `out_info` describes them."""
     mesh = step.case.mesh_sizes
@@ -176,7 +165,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     case = step.case
     module = read_module(hlo_text)
     return Plan(
-        case=_case_record(case),
+        case=case.record(),
         provenance=provenance(case.topology.platform, step.compiler_options),
         tensors=_step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
         collectives=extract_collectives(module, slice_mesh(case)),
@@ -190,7 +179,7 @@ def extract_tensors_plan(step: TracedStep) -> Plan:
     """The tensors-only plan of a traced step: every tensor's sharding, no collectives or memory."""
     case = step.case
     return Plan(
-        case=_case_record(case),
+        case=case.record(),
         provenance=provenance(case.topology.platform, {}),
         tensors=_step_tensors(step, step.out_info),
         schema=SCHEMA,

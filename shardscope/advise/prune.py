@@ -25,7 +25,6 @@ from shardscope.cost.hardware import Hardware
 from shardscope.cost.memory import memory_need
 from shardscope.cost.price import check_pricing, tpu_of_topology
 from shardscope.errors import ShardscopeError
-from shardscope.plan import CaseRecord
 
 COMPILE = "compile"
 INVALID = "invalid"
@@ -93,15 +92,7 @@ def memory_bound(case: Case, template: Template, placed, target: Target) -> int:
     """A per-device HBM need no compiled plan of this case can be below (see the module docstring)."""
     if target.exact_memory:
         return sum(t.bytes_per_device for _, t in placed.tensors if t.kind in ("param", "opt_state", "input"))
-    record = CaseRecord(
-        model=case.model_name,
-        preset=case.preset.name,
-        topology=case.topology.name,
-        mesh=case.mesh,
-        axis_types="explicit" if case.preset.shard_mode == "explicit" else "auto",
-        overrides=case.overrides,
-    )
-    return memory_need(placed_plan(record, placed), target.hardware, exact=False).total
+    return memory_need(placed_plan(case.record(), placed), target.hardware, exact=False).total
 
 
 def _pipelined(case: Case) -> bool:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardscope.advise.prune import COMPILE, INVALID, Screening, Target, screen, target_of
 from shardscope.advise.rank import Ranked, rank, ranked_of
 from shardscope.advise.space import Candidate, live_axes, preset_meshes
+from shardscope.advise.template import Template
 from shardscope.errors import ShardscopeError, unknown_name
 
 # The generation a CPU topology is priced on when the user names none (as the golden set's cases are).
@@ -77,14 +78,32 @@ class Advice:
         return advice_frame(self)
 
 
-@dataclass
-class _Best:
-    entries: list[Ranked] = field(default_factory=list)
+def make_request(
+    model: str,
+    topology: str,
+    presets: Sequence[str] | None,
+    mesh: Mapping[str, int] | str | None,
+    settings: Mapping[str, str] | Sequence[str] | None,
+    hardware: str | None,
+    efficiency: float | None,
+) -> SweepRequest:
+    """A request from what users type: all built-in presets when none, `--mesh` text or a mapping of held
+    axes, `--set` strings or a mapping (raises ShardscopeError on malformed text)."""
+    from shardscope.case import parse_overrides
+    from shardscope.presets import builtin_preset_names
+    from shardscope.topology import parse_mesh_arg
 
-    def add(self, entry: Ranked) -> Ranked | None:
-        self.entries.append(entry)
-        fitting = [e for e in self.entries if e.fits]
-        return min(fitting, key=Ranked.sort_key) if fitting else None
+    pinned = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
+    overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
+    return SweepRequest(
+        model=model,
+        topology=topology,
+        presets=tuple(presets or builtin_preset_names()),
+        overrides=tuple(sorted(overrides.items())),
+        pinned=tuple(pinned.items()),
+        hardware=hardware,
+        efficiency=efficiency,
+    )
 
 
 def preset_label(preset: str) -> str:
@@ -129,7 +148,7 @@ def validate(request: SweepRequest) -> Target:
     return target_of(request.topology, load_hardware(priced.hardware.name), name, request.efficiency)
 
 
-def enumerate_candidates(request: SweepRequest, templates: Mapping[str, object]) -> list[Candidate]:
+def enumerate_candidates(request: SweepRequest, templates: Mapping[str, Template]) -> list[Candidate]:
     """Every (preset, mesh) of the search, in a fixed order: presets as given, meshes lexicographically."""
     from shardscope.presets import get_preset
     from shardscope.topology import get_topology
@@ -139,7 +158,7 @@ def enumerate_candidates(request: SweepRequest, templates: Mapping[str, object])
     for name in request.presets:
         preset = get_preset(name)
         template = templates[name]
-        live = live_axes(preset, template.logical_names)  # type: ignore[attr-defined]
+        live = live_axes(preset, template.logical_names)
         pinned = {a: s for a, s in request.pinned if a in preset.mesh_axes}
         for mesh in preset_meshes(preset, live, devices, pinned):
             candidates.append(Candidate(len(candidates), name, preset_label(name), mesh))
@@ -221,9 +240,8 @@ def advise(
     by_index = {c.index: c for c in candidates}
     entries: list[Ranked] = []
     failed: list[tuple[Candidate, str]] = []
-    best = _Best()
     cached = 0
-    current: Ranked | None = None
+    best: Ranked | None = None
     for done, result in enumerate(dump_cases(cases, jobs, use_cache, ray), start=1):
         candidate = by_index[int(result.case.name)]
         cached += result.cached
@@ -233,9 +251,10 @@ def advise(
             plan = plan_from_json(result.plan_json, candidate.key)
             entry = ranked_of(candidate, plan, reproduce_command(request, candidate, hardware))
             entries.append(entry)
-            current = best.add(entry)
+            if entry.fits and (best is None or entry.sort_key() < best.sort_key()):
+                best = entry
         if progress is not None:
-            progress(SweepProgress(done, len(cases), cached, current, candidate.key))
+            progress(SweepProgress(done, len(cases), cached, best, candidate.key))
     ranking, over = rank(entries)
     estimate_target = _target_label(request, target)
     return Advice(

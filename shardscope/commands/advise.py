@@ -48,10 +48,7 @@ def advise_command(
     ray: RayOption = None,
 ) -> None:
     """Ranks the shardings of MODEL on a topology: fastest estimated step among the plans that fit in HBM."""
-    from shardscope.advise.sweep import SweepRequest
-    from shardscope.case import parse_overrides
-    from shardscope.presets import builtin_preset_names
-    from shardscope.topology import parse_mesh_arg
+    from shardscope.advise.sweep import make_request
 
     try:
         if top < 1:
@@ -62,15 +59,7 @@ def advise_command(
 
                 check_writable(path, what)
         address, workers = _compile_backend(ray, jobs)
-        request = SweepRequest(
-            model=model,
-            topology=topology,
-            presets=tuple(presets or builtin_preset_names()),
-            overrides=tuple(sorted(parse_overrides(settings or []).items())),
-            pinned=tuple(parse_mesh_arg(mesh).items()) if mesh else (),
-            hardware=hardware,
-            efficiency=efficiency,
-        )
+        request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
         advice = _run(request, workers, not no_cache, address)
     except ShardscopeError as err:
         fail(err)

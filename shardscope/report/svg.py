@@ -26,6 +26,32 @@ def _text(x: float, y: float, text: str, anchor: str = "start", fill: str = "#1f
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{fill}" {FONT}>{escape(text)}</text>'
 
 
+def _stacked(
+    y: float,
+    height: int,
+    parts: Sequence[tuple[str, float]],
+    span: float,
+    top: float,
+    colour: dict[str, str],
+    label: Callable[[float], str],
+    prefix: str = "",
+) -> tuple[list[str], float]:
+    """One bar of `parts` laid end to end from the label column (each at least half a pixel, empty parts
+    skipped), each segment's tooltip "<prefix><part>: <value>"; returns the markup and where the bar ends."""
+    out: list[str] = []
+    x = float(LABEL_WIDTH)
+    for part, value in parts:
+        if value <= 0:
+            continue
+        length = span * value / top
+        out.append(
+            f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{height}" '
+            f'fill="{colour[part]}"><title>{escape(prefix)}{escape(part)}: {escape(label(value))}</title></rect>'
+        )
+        x += length
+    return out, x
+
+
 def paired_bars(
     rows: Sequence[tuple[str, float | None, float | None]], label: Callable[[float], str], width: int = 520
 ) -> str:
@@ -93,16 +119,8 @@ def stacked_against_capacity(
     for index, ((side, categories), total) in enumerate(zip(sides, totals, strict=True)):
         y = index * row_height + 14
         parts.append(_text(LABEL_WIDTH - 8, y + BAR_HEIGHT + 2, side, "end"))
-        x = float(LABEL_WIDTH)
-        for name, size in categories:
-            if size <= 0:
-                continue
-            length = span * size / top
-            parts.append(
-                f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{2 * BAR_HEIGHT - 4}" '
-                f'fill="{colour[name]}"><title>{escape(name)}: {escape(label(size))}</title></rect>'
-            )
-            x += length
+        bar, x = _stacked(y, 2 * BAR_HEIGHT - 4, categories, span, top, colour, label)
+        parts += bar
         parts.append(_text(x + 4, y + BAR_HEIGHT + 2, label(total), fill="#59636e"))
     cap_x = LABEL_WIDTH + span * capacity / top
     bottom = len(sides) * row_height + 14
@@ -141,16 +159,8 @@ def stacked_bars(
     for index, ((name, parts), total) in enumerate(zip(rows, totals, strict=True)):
         y = index * row_height
         out.append(_text(LABEL_WIDTH - 8, y + BAR_HEIGHT - 2, name, "end"))
-        x = float(LABEL_WIDTH)
-        for part, value in parts:
-            if value <= 0:
-                continue
-            length = span * value / top
-            out.append(
-                f'<rect x="{x:.1f}" y="{y}" width="{max(length, 0.5):.1f}" height="{BAR_HEIGHT - 1}" '
-                f'fill="{colour[part]}"><title>{escape(name)}, {escape(part)}: {escape(label(value))}</title></rect>'
-            )
-            x += length
+        bar, x = _stacked(y, BAR_HEIGHT - 1, parts, span, top, colour, label, f"{name}, ")
+        out += bar
         out.append(_text(x + 4, y + BAR_HEIGHT - 2, label(total), fill="#59636e"))
     legend_y = len(rows) * row_height + 14
     for index, part in enumerate(names):
