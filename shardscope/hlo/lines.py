@@ -1,11 +1,13 @@
 """One line of XLA's printed form read by regex: an instruction, or the `HloModule` line.
 
-An instruction line is `  [ROOT ]%name = shape opcode(operands), name=value, …`. One scan with a regex
-that starts with a character class (so the engine skips plain text at C speed) finds what changes bracket
-depth (brackets; strings, whole; groups two deep with nothing else inside, whole) and the `, name=` that
-separate attributes outside brackets. Anything the printer does not write on a line (a comment other than
-`/*index=N*/`, an unclosed string or bracket) makes the reader decline, and the grammar reads the line:
-for every line this reader accepts it gives exactly what `grammar.read_instruction` gives (tested).
+An instruction line is `  [ROOT ]%name = shape opcode(operands), name=value, …`. Most lines (nine in ten
+of a compiled train step) have the simple form `_SIMPLE_VALUE` describes and are read by one match per
+attribute. The rest get one scan with a regex that starts with a character class (so the engine skips
+plain text at C speed), which finds what changes bracket depth (brackets; strings, whole; groups two deep
+with nothing else inside, whole) and the `, name=` that separate attributes outside brackets. Anything the
+printer does not write on a line (a comment other than `/*index=N*/`, an unclosed string or bracket) makes
+the reader decline, and the grammar reads the line: for every line this reader accepts it gives exactly
+what `grammar.read_instruction` gives (tested).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ _LINE_ITEMS = re.compile(
     r"|)"
 )
 _CLOSER = {"(": ")", "[": "]", "{": "}", "<": ">"}
+# Most printed lines are simpler than the scan allows for: operands without brackets (`%a, %b`, `0`) and
+# attributes whose values are a plain word, a string, or braces holding plain text, strings and one-deep
+# `[…]` (`metadata={op_name="…"}`, `dimensions={0,2}`, `slice={[0:1], [0:32]}`). Such a line is read by two
+# matches; anything else (nested braces, `<` or `>`, comments, escapes) goes to the scan.
+# Possessive quantifiers (`*+`, `++`): the match never backtracks into a long `metadata={…}` string.
+_SIMPLE_VALUE = (
+    r"""(?:\{(?:[^{}"'\[\]()<>/\\\n]++|\[[^\[\]{}()"'<>/\\\n]*+\]|"[^"\\\n]*+")*+\}"""  # braces
+    r"""|"[^"\\\n]*+"|[^\s,{}\[\]()"'<>/\\]++)"""  # a string, or a plain word
+)
+_SIMPLE_OPERANDS = re.compile(r"([^()\[\]{}\"'/\\\n]*)\)")
+_SIMPLE_ATTRIBUTE = re.compile(rf", ([a-z_][a-z0-9_\-]*)=({_SIMPLE_VALUE})")
 _MODULE_NAME = re.compile(r"HloModule ([A-Za-z_][A-Za-z0-9_.\-]*)")
 
 
@@ -99,6 +112,9 @@ def read_line(text: str, start: int, end: int) -> Instruction | None:
     head = HEAD.match(text, start, end)
     if head is None:
         return None
+    simple = _read_simple(text, start, end, head)
+    if simple is not None:
+        return simple
     scanned = _scan(text, head.end() - 1, end, operands=True)
     if scanned is None:
         return None
@@ -108,6 +124,26 @@ def read_line(text: str, start: int, end: int) -> Instruction | None:
         return None
     operands_text = text[head.end() : operands_end - 1]
     operands = tuple(operand_name(p) for p in _split_operands(operands_text)) if operands_text.strip() else ()
+    is_root = text.startswith("  ROOT ", start)
+    shape = clean(head.group(2))
+    return Instruction(head.group(1), head.group(3), shape, operands, tuple(attributes), start + 2, is_root)
+
+
+def _read_simple(text: str, start: int, end: int, head: re.Match[str]) -> Instruction | None:
+    """The instruction on a line of the simple form (see `_SIMPLE_VALUE`), or None for any other line."""
+    operands_match = _SIMPLE_OPERANDS.match(text, head.end(), end)
+    if operands_match is None:
+        return None
+    attributes: list[tuple[str, str]] = []
+    pos = operands_match.end()
+    while pos < end:
+        item = _SIMPLE_ATTRIBUTE.match(text, pos, end)
+        if item is None or item.group(1) == "device_ids":  # `replica_groups=…, device_ids=…` is one attribute
+            return None
+        attributes.append((item.group(1), clean(item.group(2))))
+        pos = item.end()
+    operands_text = operands_match.group(1)
+    operands = tuple(operand_name(p) for p in operands_text.split(",")) if operands_text.strip() else ()
     is_root = text.startswith("  ROOT ", start)
     shape = clean(head.group(2))
     return Instruction(head.group(1), head.group(3), shape, operands, tuple(attributes), start + 2, is_root)
