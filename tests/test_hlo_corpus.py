@@ -132,35 +132,36 @@ def test_tpu_golden_cases_agree_with_xla(name: str, compile_cached) -> None:
     _agree_with_xla(step.compiled.as_text(), slice_mesh(step.case))
 
 
-# Lines at the edge of the simple form each line reader takes first: each must read as the grammar reads it,
-# or be declined (and then read by the scan, or by the grammar).
+# Lines at the edge of the simple form the line reader takes first (`_read_simple`), each with whether that
+# form takes it: a line it takes must read as the scan and the grammar read it; the rest are declined there
+# (and read by the scan, or by the grammar).
 EDGE_LINES = [
-    '  %m = f32[8]{0} multiply(%a, %b), metadata={op_name="jit(f)/mul" source_file="/x.py" source_line=3}',
-    "  ROOT %t = (f32[8]{0}, s32[]) tuple(%a, %b)",
-    "  %p = f32[2,16]{1,0} parameter(0), sharding={devices=[2,1]<=[2]}",
-    '  %c = f32[] constant(-inf), metadata={op_name="a<b"}',
-    '  %d = f32[8]{0} add(%a, %b), frontend_attributes={x="s", y=a<b}',
-    "  %s = f32[1,32]{1,0} slice(%x), slice={[0:1], [0:32]}",
-    "  %g = f32[8]{0} all-gather(%x), replica_groups={{0,1},{2,3}}, dimensions={0}",
-    "  %g = f32[8]{0} all-gather(%x), replica_groups=[2,2]<=[4], dimensions={0}",
-    "  %g = f32[8]{0} all-gather(%x), channel_id=1, replica_groups={{0,1}}, device_ids={0,1}, dimensions={0}",
-    '  %k = f32[8]{0} custom-call(%x), custom_call_target="Sharding", backend_config="{\\"a\\":1}"',
-    "  %f = f32[8]{0} fusion(%a, /*index=1*/%b), kind=kLoop, calls=%fused_computation",
-    "  %f = f32[8]{0} fusion(%a, %b), kind=kLoop, calls=%fused_computation  ",
-    "  %b = f32[8]{0} broadcast(f32[] %x), dimensions={}",
-    "  %e = f32[8]{0} exponential(%x), metadata={}, ",
+    ('  %m = f32[8]{0} multiply(%a, %b), metadata={op_name="jit(f)/mul" source_file="/x.py" source_line=3}', True),
+    ("  ROOT %t = (f32[8]{0}, s32[]) tuple(%a, %b)", True),
+    ('  %c = f32[] constant(-inf), metadata={op_name="a<b"}', True),
+    ("  %s = f32[1,32]{1,0} slice(%x), slice={[0:1], [0:32]}", True),
+    ("  %p = f32[2,16]{1,0} parameter(0), sharding={devices=[2,1]<=[2]}", False),
+    ('  %d = f32[8]{0} add(%a, %b), frontend_attributes={x="s", y=a<b}', False),
+    ("  %g = f32[8]{0} all-gather(%x), replica_groups={{0,1},{2,3}}, dimensions={0}", False),
+    ("  %g = f32[8]{0} all-gather(%x), replica_groups=[2,2]<=[4], dimensions={0}", False),
+    ("  %g = f32[8]{0} all-gather(%x), channel_id=1, replica_groups={{0,1}}, device_ids={0,1}, dimensions={0}", False),
+    ('  %k = f32[8]{0} custom-call(%x), custom_call_target="Sharding", backend_config="{\\"a\\":1}"', False),
+    ("  %f = f32[8]{0} fusion(%a, /*index=1*/%b), kind=kLoop, calls=%fused_computation", False),
+    ("  %f = f32[8]{0} fusion(%a, %b), kind=kLoop, calls=%fused_computation  ", False),
+    ("  %b = f32[8]{0} broadcast(f32[] %x), dimensions={}", False),
+    ("  %e = f32[8]{0} exponential(%x), metadata={}, ", False),
 ]
 
 
-@pytest.mark.parametrize("line", EDGE_LINES)
-def test_edge_lines_read_by_regex_as_the_grammar_reads_them(line: str) -> None:
+@pytest.mark.parametrize(("line", "simple_form"), EDGE_LINES)
+def test_edge_lines_read_by_regex_as_the_grammar_reads_them(line: str, simple_form: bool) -> None:
     from shardscope.hlo.lines import HEAD, _read_simple
 
-    fast = read_line(line, 0, len(line))
-    grammar = read_instruction(line, 0, len(line))
-    if fast is not None:
-        assert grammar is not None and fast == grammar[0]
     head = HEAD.match(line)
     simple = _read_simple(line, 0, len(line), head) if head else None
-    if simple is not None:
-        assert simple == fast
+    assert (simple is not None) == simple_form
+    fast = read_line(line, 0, len(line))  # the simple form's reading when it takes the line, else the scan's
+    grammar = read_instruction(line, 0, len(line))
+    for reading in (simple, fast):
+        if reading is not None:
+            assert grammar is not None and reading == grammar[0]
