@@ -39,8 +39,9 @@ _LINE_ITEMS = re.compile(
 _CLOSER = {"(": ")", "[": "]", "{": "}", "<": ">"}
 # Most printed lines are simpler than the scan allows for: operands without brackets (`%a, %b`, `0`) and
 # attributes whose values are a plain word, a string, or braces holding plain text, strings and one-deep
-# `[…]` (`metadata={op_name="…"}`, `dimensions={0,2}`, `slice={[0:1], [0:32]}`). Such a line is read by two
-# matches; anything else (nested braces, `<` or `>`, comments, escapes) goes to the scan.
+# `[…]` (`metadata={op_name="…"}`, `dimensions={0,2}`, `slice={[0:1], [0:32]}`). Such a line is read by one
+# match for its operands and one per attribute; anything else (nested braces, `<` or `>`, comments, escapes)
+# goes to the scan.
 # Possessive quantifiers (`*+`, `++`): the match never backtracks into a long `metadata={…}` string.
 _SIMPLE_VALUE = (
     r"""(?:\{(?:[^{}"'\[\]()<>/\\\n]++|\[[^\[\]{}()"'<>/\\\n]*+\]|"[^"\\\n]*+")*+\}"""  # braces
