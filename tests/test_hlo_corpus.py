@@ -132,9 +132,8 @@ def test_tpu_golden_cases_agree_with_xla(name: str, compile_cached) -> None:
     _agree_with_xla(step.compiled.as_text(), slice_mesh(step.case))
 
 
-# Lines at the edge of the simple form the line reader takes first (`_read_simple`), each with whether that
-# form takes it: a line it takes must read as the scan and the grammar read it; the rest are declined there
-# (and read by the scan, or by the grammar).
+# Lines at the edge of the simple form the line reader tries first (`_simple_parts`), each with whether that
+# form takes it: every line the reader accepts, by either form, must read as the grammar reads it.
 EDGE_LINES = [
     ('  %m = f32[8]{0} multiply(%a, %b), metadata={op_name="jit(f)/mul" source_file="/x.py" source_line=3}', True),
     ("  ROOT %t = (f32[8]{0}, s32[]) tuple(%a, %b)", True),
@@ -155,13 +154,12 @@ EDGE_LINES = [
 
 @pytest.mark.parametrize(("line", "simple_form"), EDGE_LINES)
 def test_edge_lines_read_by_regex_as_the_grammar_reads_them(line: str, simple_form: bool) -> None:
-    from shardscope.hlo.lines import HEAD, _read_simple
+    from shardscope.hlo.lines import HEAD, _simple_parts
 
     head = HEAD.match(line)
-    simple = _read_simple(line, 0, len(line), head) if head else None
-    assert (simple is not None) == simple_form
-    fast = read_line(line, 0, len(line))  # the simple form's reading when it takes the line, else the scan's
+    assert head is not None
+    assert (_simple_parts(line, len(line), head) is not None) == simple_form
+    fast = read_line(line, 0, len(line))
     grammar = read_instruction(line, 0, len(line))
-    for reading in (simple, fast):
-        if reading is not None:
-            assert grammar is not None and reading == grammar[0]
+    if fast is not None:
+        assert grammar is not None and fast == grammar[0]

@@ -113,9 +113,34 @@ def read_line(text: str, start: int, end: int) -> Instruction | None:
     head = HEAD.match(text, start, end)
     if head is None:
         return None
-    simple = _read_simple(text, start, end, head)
-    if simple is not None:
-        return simple
+    parts = _simple_parts(text, end, head) or _scanned_parts(text, end, head)
+    if parts is None:
+        return None
+    operands_text, attributes = parts
+    operands = tuple(operand_name(p) for p in _split_operands(operands_text)) if operands_text.strip() else ()
+    is_root = text.startswith("  ROOT ", start)
+    shape = clean(head.group(2))
+    return Instruction(head.group(1), head.group(3), shape, operands, tuple(attributes), start + 2, is_root)
+
+
+def _simple_parts(text: str, end: int, head: re.Match[str]) -> tuple[str, list[tuple[str, str]]] | None:
+    """(operands text, attributes) of a line of the simple form (see `_SIMPLE_VALUE`); None for any other."""
+    operands = _SIMPLE_OPERANDS.match(text, head.end(), end)
+    if operands is None:
+        return None
+    attributes: list[tuple[str, str]] = []
+    pos = operands.end()
+    while pos < end:
+        item = _SIMPLE_ATTRIBUTE.match(text, pos, end)
+        if item is None or item.group(1) == "device_ids":  # `replica_groups=…, device_ids=…` is one attribute
+            return None
+        attributes.append((item.group(1), clean(item.group(2))))
+        pos = item.end()
+    return operands.group(1), attributes
+
+
+def _scanned_parts(text: str, end: int, head: re.Match[str]) -> tuple[str, list[tuple[str, str]]] | None:
+    """(operands text, attributes) of any printed line, found by the scan; None if it declines the line."""
     scanned = _scan(text, head.end() - 1, end, operands=True)
     if scanned is None:
         return None
@@ -123,31 +148,7 @@ def read_line(text: str, start: int, end: int) -> Instruction | None:
     attributes = _attributes(text, end, separators)
     if attributes is None:
         return None
-    operands_text = text[head.end() : operands_end - 1]
-    operands = tuple(operand_name(p) for p in _split_operands(operands_text)) if operands_text.strip() else ()
-    is_root = text.startswith("  ROOT ", start)
-    shape = clean(head.group(2))
-    return Instruction(head.group(1), head.group(3), shape, operands, tuple(attributes), start + 2, is_root)
-
-
-def _read_simple(text: str, start: int, end: int, head: re.Match[str]) -> Instruction | None:
-    """The instruction on a line of the simple form (see `_SIMPLE_VALUE`), or None for any other line."""
-    operands_match = _SIMPLE_OPERANDS.match(text, head.end(), end)
-    if operands_match is None:
-        return None
-    attributes: list[tuple[str, str]] = []
-    pos = operands_match.end()
-    while pos < end:
-        item = _SIMPLE_ATTRIBUTE.match(text, pos, end)
-        if item is None or item.group(1) == "device_ids":  # `replica_groups=…, device_ids=…` is one attribute
-            return None
-        attributes.append((item.group(1), clean(item.group(2))))
-        pos = item.end()
-    operands_text = operands_match.group(1)
-    operands = tuple(operand_name(p) for p in operands_text.split(",")) if operands_text.strip() else ()
-    is_root = text.startswith("  ROOT ", start)
-    shape = clean(head.group(2))
-    return Instruction(head.group(1), head.group(3), shape, operands, tuple(attributes), start + 2, is_root)
+    return text[head.end() : operands_end - 1], attributes
 
 
 def read_header_line(text: str, start: int) -> tuple[str, tuple[tuple[str, str], ...], int] | None:
@@ -167,7 +168,7 @@ def read_header_line(text: str, start: int) -> tuple[str, tuple[tuple[str, str],
 
 def _split_operands(text: str) -> list[str]:
     """Operands split at commas outside brackets."""
-    if not any(c in text for c in "([{"):
+    if "(" not in text and "[" not in text and "{" not in text:
         return text.split(",")
     parts, depth, begin = [], 0, 0
     for i, char in enumerate(text):
