@@ -62,14 +62,11 @@ def bare_compile_seconds(case) -> tuple[float, str]:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from reference_models.sharding import sharding_context
-    from shardscope.compile import (
-        _abstract_train_state,
-        abstract_state,
-        compiler_options_for,
-        make_train_step,
-        sharding_context_for,
-    )
-    from shardscope.topology import build_mesh
+    from shardscope.case.resolve import compiler_options_for
+    from shardscope.stages.compile import sharding_context_for
+    from shardscope.stages.devices import build_mesh
+    from shardscope.stages.state import _abstract_train_state, abstract_state
+    from shardscope.stages.train_step import make_train_step
 
     mesh = build_mesh(case.topology, case.mesh, explicit=case.preset.shard_mode == "explicit")
     context = sharding_context_for(case, mesh)
@@ -94,9 +91,9 @@ def dump_seconds(case) -> float:
     The abstract-state cache is emptied first: a user's single `dump` traces the model's init, and so does
     the baseline.
     """
-    from shardscope.compile import _abstract_train_state
-    from shardscope.extract import plan_case
+    from shardscope.golden.pipeline import plan_case
     from shardscope.plan import plan_to_json
+    from shardscope.stages.state import _abstract_train_state
 
     _abstract_train_state.cache_clear()
     start = time.perf_counter()
@@ -106,7 +103,7 @@ def dump_seconds(case) -> float:
 
 def bench_dump_ratio(repeats: int) -> tuple[list[str], bool]:
     from shardscope.case import resolve_case
-    from shardscope.topology import configure_cpu_devices
+    from shardscope.stages.devices import configure_cpu_devices
 
     configure_cpu_devices(8)
     lines = [f"{'case':34} {'dump s':>8} {'bare s':>8} {'ratio':>6}"]
@@ -168,7 +165,7 @@ def _xla_parse_seconds(text: str) -> str:
 def bench_parse() -> tuple[list[str], bool]:
     from shardscope.case import resolve_case
     from shardscope.hlo import MeshLayout, Program, parse_collectives, read_module
-    from shardscope.topology import configure_cpu_devices
+    from shardscope.stages.devices import configure_cpu_devices
 
     configure_cpu_devices(8)
 
@@ -241,7 +238,7 @@ def bare_matrix_seconds(golden: Path) -> float:
     code = (
         "import sys, time; sys.path.insert(0, 'benchmarks');"
         "from pathlib import Path; from bench import bare_compile_seconds;"
-        "from shardscope.golden import load_manifest; from shardscope.runner import resolve_golden_case;"
+        "from shardscope.golden.cases import load_manifest; from shardscope.golden.worker import resolve_golden_case;"
         "from shardscope.topology import configure_cpu_devices; configure_cpu_devices(8);"
         f"cases = [resolve_golden_case(c) for c in load_manifest(Path({str(golden)!r}))];"
         "print(sum(bare_compile_seconds(c)[0] for c in cases))"
@@ -288,7 +285,7 @@ def edit_one_preset(golden: Path, cache: Path) -> tuple[int, int]:
     copy and checks again: how many cases compiled (new cache entries) and how many use the preset."""
     import yaml
 
-    from shardscope.presets import PRESET_DIR
+    from shardscope.case.presets import PRESET_DIR
 
     rules = golden / "my-ep-as-cp.yaml"
     rules.write_text((PRESET_DIR / "ep-as-cp.yaml").read_text())

@@ -17,6 +17,17 @@ ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
 
 
 @dataclass(frozen=True, kw_only=True)
+class PipelineSettings:
+    """Pipeline parallelism: layers split over the `stage_axis` mesh axis, the batch into `microbatches`, the
+    stages visited `repeats` times (circular schedules; the models run 1). The one record for presets and
+    models alike (a preset file spells the axis `stages_axis`)."""
+
+    stage_axis: str = "stage"
+    microbatches: int = 1
+    repeats: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
 class DecoderConfig:
     """Shapes and choices of a decoder-only MoE transformer.
 

@@ -14,18 +14,12 @@ from dataclasses import dataclass, field
 
 import jax
 
+from reference_models.config import PipelineSettings
+
 # Maps a logical-axes tuple to a PartitionSpec (the preset's rules, resolved).
 Resolver = Callable[[Sequence[str | None]], jax.sharding.PartitionSpec]
 # Checks (path, shape, spec) before a constraint: raises, or returns the spec to use (None: keep it).
 Validator = Callable[[str, tuple[int, ...], jax.sharding.PartitionSpec], jax.sharding.PartitionSpec | None]
-
-
-@dataclass(frozen=True)
-class PipelineSettings:
-    """Pipeline parallelism as the models see it: the stage mesh axis and how many microbatches."""
-
-    stage_axis: str
-    microbatches: int
 
 
 @dataclass(frozen=True)

@@ -15,4 +15,5 @@ fi
 python -m ruff check .
 python -m ruff format --check .
 python -m mypy shardscope reference_models
+lint-imports
 python -m pytest "$@"

@@ -1,61 +1,193 @@
 """shardscope: where every tensor of a sharded JAX model lives, and what the devices say to each other.
 
-The library (`shardscope.api`, re-exported here): `plan_case`, `plan_step`, `plan_compiled`, `load_plan`,
-`save_plan`, `diff_plans`, `render_html`, `render_markdown`, `rank_shardings`; plans, diffs and
-advice have pandas tables (`Plan.tensors_frame()`, `Plan.collectives_frame()`, `PlanDiff.tensor_changes_frame()`,
-`Advice.frame()`, …).
+The library: `plan_case`, `plan_step`, `plan_compiled`, `load_plan`, `save_plan`, `diff_plans`,
+`render_html`, `render_markdown`, `rank_shardings`; plans, diffs and advice have pandas tables
+(`Plan.tensors_frame()`, `Plan.collectives_frame()`, `PlanDiff.tensor_changes_frame()`, `Advice.frame()`;
+`shardscope.tables` for the groupings `shardscope table` prints). Importing it imports no JAX: each
+function loads what it needs on first use.
 
-The pipeline, one module per stage: `presets` and `rules` (logical → physical), `topology` and `tpu`
-(devices and meshes), `compile` (the train step, traced, lowered and compiled), `extract` and `hlo` (the
-plan: tensors, collectives, memory), `plan` (the record and its JSON), `diff` and `report` (changes,
-rendered), `tables` (pandas), `golden`, `check` and `cache` (guarding plans), `runner` and `ray_pool`
-(many cases compiled by local processes or on a Ray cluster), `advise` (the best sharding searched: space,
-template, prune, rank, sweep, export), `cli` (the command line).
-Importing this package imports no JAX: the library's names load on first use.
+The package is the pipeline; each folder imports only from the folders listed below it (a CI check keeps
+it so):
+
+    cli/         the command line: typer app, shared options, one thin file per command
+    report/      a plan, diff, comparison, check or ranking rendered: terminal, HTML (jinja2), Markdown
+    advise/      the best sharding searched: candidates, pruning, ranking, the sweep
+    golden/      plans made end to end and guarded: planning through the plan cache, goldens, check and
+                 update, runners (processes, Ray)
+    diff/        Plan × Plan → typed changes, grouping, JSON; several plans side by side
+    lint/        findings from a Plan
+    cost/        a Plan priced on a TPU: layout, collective and compute time, memory, the estimate
+    extract/     a compiled or traced step (or a MaxText dump) → Plan: tensors, collectives, memory, work
+    stages/      devices, abstract state, train step, trace → lower → compile, a user's own step
+    plan/        the Plan record, its JSON, pandas frames, totals and units
+    case/        what to plan: models, presets and rules, settings, topologies, TPU generations, explain
+    hlo/         HLO text → instructions, collectives, loop trips, work per instruction
+    atomic.py    files written whole or not at all
+    errors.py    ShardscopeError (exit 2) and its kinds
+
+Beside the pipeline, two front ends that nothing inside imports: this module (the library) and
+`pytest_plugin` (golden tests of one's own functions); `tables` is the library's pandas groupings.
+
+Where the code said otherwise than the first sketch of this layout: the hardware table lives with the TPU
+generations in `case/` (a topology's wraparound links are one of its figures); the plan's `findings` and
+`estimate` records live in `plan/` (the plan holds them; `lint/` and `cost/` compute them); counting an
+instruction's FLOPs and bytes is `hlo/work` (read by extract and cost alike); planning a case end to end
+(compile, extract, lint, the plan cache) is `golden/planning`, over `golden/pipeline` for a cache miss (the
+layer that has all of them below it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_API = (
-    "Plan",
-    "PlanDiff",
-    "diff_plans",
-    "load_plan",
-    "plan_case",
-    "plan_compiled",
-    "plan_step",
-    "rank_shardings",
-    "render_html",
-    "render_markdown",
-    "save_plan",
-)
-
 if TYPE_CHECKING:
-    from shardscope.api import (
-        Plan,
-        PlanDiff,
-        diff_plans,
-        load_plan,
-        plan_case,
-        plan_compiled,
-        plan_step,
-        rank_shardings,
-        render_html,
-        render_markdown,
-        save_plan,
-    )
+    import jax
+
+    from shardscope.advise.sweep import Advice
+    from shardscope.diff.changes import PlanDiff
+    from shardscope.plan.document import Plan
+
+# Names loaded on first use (`shardscope.Plan`): their modules import pandas or deepdiff.
+_LAZY = {
+    "Plan": "shardscope.plan.document",
+    "PlanDiff": "shardscope.diff.changes",
+    "load_plan": "shardscope.plan.json",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _API:
-        from shardscope import api
+    if name in _LAZY:
+        import importlib  # lazy: `import shardscope` loads no JAX
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'shardscope' has no attribute {name!r}")
+
+
+def plan_case(
+    model: str,
+    preset: str = "default",
+    topology: str = "cpu-8",
+    mesh: Mapping[str, int] | str | None = None,
+    settings: Mapping[str, str] | Sequence[str] | None = None,
+    *,
+    tensors_only: bool = False,
+    use_cache: bool = True,
+) -> Plan:
+    """The plan of a reference model under a preset: what `shardscope dump` computes.
+
+    Args:
+      model: a model name (`shardscope list`), e.g. "deepseek2-16b".
+      preset: a built-in preset name or a path to a preset YAML (MaxText rule files load as they are).
+      topology: "cpu-N" or a TPU slice name ("v5p-16", …; needs the TPU extra).
+      mesh: axis sizes, as a mapping or as `--mesh` spells them ("fsdp=-1,expert=2").
+      settings: `--set` overrides, as a mapping or as "key=value" strings.
+      tensors_only: every tensor's sharding from tracing alone, without compiling.
+      use_cache: take an unchanged case's plan from the plan cache.
+
+    Raises:
+      ShardscopeError: any input that is wrong (a name, a mesh, a setting, an indivisible dimension).
+    """
+    from shardscope.case.resolve import parse_overrides, resolve_case  # lazy: `import shardscope` loads no JAX
+    from shardscope.case.topology import parse_mesh_arg
+    from shardscope.golden.planning import plan_resolved_case
+
+    sizes = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
+    overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
+    return plan_resolved_case(resolve_case(model, preset, topology, sizes, overrides), tensors_only, use_cache)
+
+
+def plan_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str = "step") -> Plan:
+    """The plan of any compiled JAX function (`jax.jit(f).lower(*args).compile()`) on its mesh: its inputs'
+    and outputs' shardings, the collectives the compiler emitted, and its memory."""
+    from shardscope.extract.plans import plan_from_compiled  # lazy: `import shardscope` loads no JAX
+
+    return plan_from_compiled(compiled, mesh, name)
+
+
+def plan_step(step: Any, args: Sequence[Any], mesh: jax.sharding.Mesh, name: str = "step") -> Plan:
+    """Lowers and compiles a jitted function on `args` (arrays or `jax.ShapeDtypeStruct`s) and plans it.
+
+    Args:
+      step: a `jax.jit`-wrapped function (with its in/out shardings, if any).
+      args: its positional arguments; abstract ones allocate nothing.
+      mesh: the mesh its shardings refer to (it is set while tracing, as explicit sharding needs).
+      name: the plan's model and preset name.
+    """
+    from shardscope.stages.user_step import compile_step  # lazy: `import shardscope` loads no JAX
+
+    return plan_compiled(compile_step(step, args, mesh), mesh, name)
+
+
+def diff_plans(old: Plan, new: Plan) -> PlanDiff:
+    """What changed from `old` to `new`, by meaning (see `shardscope.diff`)."""
+    from shardscope.diff.plans import diff_plans as _diff_plans  # lazy: `import shardscope` loads no JAX
+
+    return _diff_plans(old, new)
+
+
+def save_plan(plan: Plan, path: Path | str) -> None:
+    """Writes a plan's canonical JSON atomically."""
+    from shardscope.atomic import write_atomic  # lazy: `import shardscope` loads no JAX
+    from shardscope.plan.json import plan_to_json
+
+    write_atomic(Path(path), plan_to_json(plan))
+
+
+def render_html(diffs: PlanDiff | Sequence[PlanDiff]) -> str:
+    """One self-contained HTML page for one diff or several."""
+    from shardscope.diff.changes import PlanDiff  # lazy: `import shardscope` loads no JAX
+    from shardscope.report.html import render_html_many
+
+    return render_html_many([diffs] if isinstance(diffs, PlanDiff) else list(diffs))
+
+
+def render_markdown(diff: PlanDiff) -> str:
+    """The Markdown summary of a diff (fits a pull-request comment)."""
+    from shardscope.report.markdown import render_markdown as _render_markdown  # lazy: no JAX on import
+
+    return _render_markdown(diff)
+
+
+def rank_shardings(
+    model: str,
+    topology: str = "cpu-8",
+    presets: Sequence[str] | None = None,
+    mesh: Mapping[str, int] | str | None = None,
+    settings: Mapping[str, str] | Sequence[str] | None = None,
+    *,
+    hardware: str | None = None,
+    efficiency: float | None = None,
+    jobs: int = 0,
+    use_cache: bool = True,
+    ray: str | None = None,
+) -> Advice:
+    """Every mesh of the topology's devices under each preset, pruned, compiled and ranked by estimated step
+    time among the plans that fit in HBM: what `shardscope advise` computes (`Advice.frame()` is its table).
+
+    Args:
+      presets: built-in names or preset files (all built-ins when None).
+      mesh: axes held at a size while the others are searched, e.g. {"data": 1} or "data=1,stage=1".
+      hardware: the generation a cpu-N topology is priced on (v5p when None; a TPU topology prices as itself).
+      jobs: worker processes (0: one per core), or Ray workers with `ray` (0: one per CPU of the cluster).
+      ray: a Ray cluster's address to compile on (host:port), instead of local processes.
+
+    Raises:
+      ShardscopeError: any input that is wrong, before anything compiles.
+    """
+    from shardscope.advise.sweep import advise as run_sweep  # lazy: `import shardscope` loads no JAX
+    from shardscope.advise.sweep import make_request
+    from shardscope.golden.runner import default_jobs
+
+    request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
+    if ray is not None:
+        from shardscope.golden.ray_pool import check_reachable  # lazy: Ray is an optional extra
+
+        check_reachable(ray)
+    return run_sweep(request, jobs if ray is not None else jobs or default_jobs(), use_cache, ray)
 
 
 __all__ = [

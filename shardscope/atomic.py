@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from shardscope.errors import ShardscopeError
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Writes `text` to `path` through a temporary file in the same directory and an atomic rename."""
@@ -32,7 +34,6 @@ def check_writable(path: Path, what: str = "output") -> None:
     Raises:
       ShardscopeError: with what is in the way.
     """
-    from shardscope.errors import ShardscopeError
 
     if path.is_dir():
         raise ShardscopeError(f"{what} {path} is a directory; give a file name, e.g. {path / 'plan.json'}")

@@ -34,8 +34,8 @@ class GoldenChecker:
 
     def check_plan(self, plan: Any, path: Path) -> None:
         """Fails the test with the change table when `plan` differs from the golden at `path`."""
-        from shardscope.diff import diff_plans
-        from shardscope.golden import load_golden, write_golden
+        from shardscope.diff.plans import diff_plans  # lazy: the plugin loads with every pytest run
+        from shardscope.golden.store import load_golden, write_golden
 
         if self.update:
             write_golden(path, plan)
@@ -51,15 +51,16 @@ class GoldenChecker:
 
     def check_compiled(self, compiled: Any, mesh: Any, path: Path, name: str | None = None) -> None:
         """Golden-checks any compiled JAX function (`jax.jit(f).lower(...).compile()`) on its mesh."""
-        from shardscope.extract import plan_from_compiled
+        from shardscope.extract.plans import plan_from_compiled  # lazy: the plugin loads with every pytest run
 
         self.check_plan(plan_from_compiled(compiled, mesh, name or path.stem), path)
 
     def check_step(self, step: Any, path: Path, topology: str = "cpu-8", name: str | None = None) -> None:
         """Golden-checks a program of one's own: `step` is a `make_step` function or its "module:function"
         name (the protocol of `shardscope dump --step`), planned on `topology`'s devices."""
-        from shardscope.step import parse_step_ref, plan_step_function, plan_step_ref
-        from shardscope.topology import get_topology
+        from shardscope.case.topology import get_topology  # lazy: the plugin loads with every pytest run
+        from shardscope.golden.pipeline import plan_step_function, plan_step_ref
+        from shardscope.stages.user_step import parse_step_ref
 
         target = get_topology(topology)
         if isinstance(step, str):
@@ -71,7 +72,7 @@ class GoldenChecker:
 
 def diff_text(diff: Any) -> str:
     """The terminal change table as plain text."""
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich loads only when a table is printed
 
     from shardscope.report.diff_terminal import diff_renderable
 

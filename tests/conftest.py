@@ -9,7 +9,7 @@ import tempfile
 # The tests' plan cache is their own, never the user's (~/.cache/shardscope).
 os.environ["SHARDSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardscope-test-cache-")
 
-from shardscope.compiler_log import prepare_compiler_log
+from shardscope.stages.compiler_log import prepare_compiler_log
 
 # Before JAX starts: the compiler logs its warnings (captured while compiling, for the lints), and shows none.
 prepare_compiler_log()
@@ -17,7 +17,7 @@ prepare_compiler_log()
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from shardscope.presets import builtin_preset_names  # noqa: E402
+from shardscope.case.presets import builtin_preset_names  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
@@ -30,7 +30,7 @@ PRESETS = builtin_preset_names()
 @pytest.fixture(scope="session")
 def compile_cached():
     """Case → CompiledStep, each case compiled once per session."""
-    from shardscope.compile import compile_case
+    from shardscope.stages.compile import compile_case
 
     cache: dict = {}
 
@@ -56,7 +56,7 @@ def compiled_cases(compile_cached):
 @pytest.fixture(scope="session")
 def plan_of(compile_cached):
     """Case → Plan (compiled once, extracted once)."""
-    from shardscope.extract import extract_plan
+    from shardscope.extract.plans import extract_plan
 
     cache: dict = {}
 
@@ -88,6 +88,6 @@ def tiny_plans_with(plan_of):
 @pytest.fixture(scope="session")
 def plan_for_golden_case(plan_of):
     """GoldenCase → Plan, sharing compiles with every other test."""
-    from shardscope.runner import resolve_golden_case
+    from shardscope.golden.worker import resolve_golden_case
 
     return lambda case: plan_of(resolve_golden_case(case))

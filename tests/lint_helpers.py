@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardscope.case.presets import Preset, preset_from_mapping
+from shardscope.case.rules import drop_unit_axes, resolve_logical
 from shardscope.lint.context import LintContext
-from shardscope.lint.finding import Finding
 from shardscope.lint.registry import CHECKS
 from shardscope.plan import PARTS, TENSORS_ONLY, CaseRecord, CollectiveRow, Plan, TensorRecord, tensor_record
-from shardscope.presets import Preset, preset_from_mapping
-from shardscope.rules import drop_unit_axes, resolve_logical
+from shardscope.plan.findings import Finding
 
 Mesh = Sequence[tuple[str, int]]
 

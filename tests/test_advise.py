@@ -14,12 +14,13 @@ import yaml
 
 from shardscope.advise.export import CSV_COLUMNS, advice_to_csv, advice_to_json
 from shardscope.advise.prune import INDIVISIBLE, MEMORY
+from shardscope.advise.rank import compiled_candidates
 from shardscope.advise.space import count_factorizations, divisors, factorizations
-from shardscope.advise.sweep import SweepRequest, advise, compiled_candidates, enumerate_candidates
+from shardscope.advise.sweep import SweepRequest, advise, enumerate_candidates
+from shardscope.case.hardware import TABLE_ENV
+from shardscope.case.presets import get_preset
+from shardscope.case.topology import parse_mesh_arg, resolve_mesh
 from shardscope.cli import main
-from shardscope.cost.hardware import TABLE_ENV
-from shardscope.presets import get_preset
-from shardscope.topology import parse_mesh_arg, resolve_mesh
 
 # One preset per tiny model, every mesh of 8 devices over the axes it can use (20 candidates each, one of
 # deepseek-tiny's indivisible): the search the exhaustive test repeats by compiling every candidate.
@@ -61,7 +62,7 @@ def exhaustive():
 
 
 def _small_hbm_table(tmp_path, capacity: int):
-    built_in = yaml.safe_load(resources.files("shardscope.cost").joinpath("hardware.yaml").read_text())
+    built_in = yaml.safe_load(resources.files("shardscope.case").joinpath("hardware.yaml").read_text())
     v5p = dict(built_in["generations"]["v5p"], hbm_bytes=capacity)
     path = tmp_path / "small-hbm.yaml"
     path.write_text(yaml.safe_dump({"generations": {"v5p": v5p}}))
@@ -192,7 +193,7 @@ def test_an_interrupted_sweep_continues_from_what_it_has(tmp_path, monkeypatch):
 
 def test_held_axes_limit_the_search(tmp_path):
     from shardscope.advise.template import load_template, template_case
-    from shardscope.topology import get_topology
+    from shardscope.case.topology import get_topology
 
     request = request_for("mixtral-tiny", "ep-as-cp", pinned=(("data", 1), ("stage", 1)))
     template = load_template(template_case("mixtral-tiny", "ep-as-cp", "cpu-8", {}), get_topology("cpu-8"))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import shardscope.cache as cache
+import shardscope.golden.cache as cache
 from shardscope.case import resolve_case
-from shardscope.golden import GoldenCase
-from shardscope.presets import PRESET_DIR
+from shardscope.case.presets import PRESET_DIR
+from shardscope.golden.cases import GoldenCase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def test_a_hit_starts_no_jax_and_gives_the_same_plan(tmp_path):
 
 
 def test_after_editing_one_preset_only_its_cases_compile(tmp_path, monkeypatch):
-    import shardscope.runner as runner
+    import shardscope.golden.runner as runner
 
     for name in ("ep-as-cp", "ep-tp"):
         shutil.copy(PRESET_DIR / f"{name}.yaml", tmp_path / f"{name}-copy.yaml")

@@ -10,7 +10,7 @@ import pytest
 
 from shardscope.cli import main
 from shardscope.errors import ShardscopeError
-from shardscope.golden import load_manifest, parse_shard, shard_cases
+from shardscope.golden.cases import load_manifest, parse_shard, shard_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 

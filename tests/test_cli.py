@@ -130,7 +130,7 @@ def test_collectives_of_a_truncated_file_say_what_was_read(tmp_path):
     ],
 )
 def test_explain_json_reproduces_flax(preset, axes):
-    from shardscope.presets import get_preset
+    from shardscope.case.presets import get_preset
 
     result = run("explain", "--preset", preset, "--json", *axes)
     assert result.exit_code == 0, result.output
@@ -222,8 +222,8 @@ def test_every_command_that_prints_a_table_speaks_json(tmp_path):
     import shutil
 
     from reference_models import MODELS
-    from shardscope.cost.hardware import known_hardware
-    from shardscope.presets import builtin_preset_names
+    from shardscope.case.hardware import known_hardware
+    from shardscope.case.presets import builtin_preset_names
 
     listing = json.loads(run("list", "--json").output)
     assert set(listing["models"]) == set(MODELS) and set(listing["presets"]) == set(builtin_preset_names())

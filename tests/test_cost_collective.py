@@ -11,8 +11,8 @@ import itertools
 
 import pytest
 
+from shardscope.case.hardware import load_hardware
 from shardscope.cost.collective import PRICED_OPS, collective_time
-from shardscope.cost.hardware import load_hardware
 from shardscope.cost.layout import SLICE, Span, layout_for
 
 V5E = load_hardware("v5e")

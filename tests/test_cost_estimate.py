@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shardscope.case.hardware import HardwareError
 from shardscope.cost import (
     compute_time,
     cost_figures,
@@ -19,10 +20,9 @@ from shardscope.cost import (
     load_hardware,
 )
 from shardscope.cost.dcn import SOURCE
-from shardscope.cost.hardware import HardwareError
-from shardscope.cost.memory import ESTIMATED, EXACT
 from shardscope.errors import PlanError
-from shardscope.golden import load_golden
+from shardscope.golden.store import load_golden
+from shardscope.plan.estimate import ESTIMATED, EXACT
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "deepseek-tiny"
 V5P = load_hardware("v5p")

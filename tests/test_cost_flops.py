@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from shardscope.cost.flops import WindowDim, convolution_flops, dot_flops, parse_window
+from shardscope.hlo.flops import WindowDim, convolution_flops, dot_flops, parse_window
 
 
 def xla_flops(fn, *args) -> float:
@@ -45,7 +45,8 @@ def tpu_compiled(fn, *shapes):
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from shardscope.tpu import libtpu_version, parse_tpu_slice, quiet_libtpu, tpu_devices
+    from shardscope.case.tpu import libtpu_version, parse_tpu_slice
+    from shardscope.stages.devices import quiet_libtpu, tpu_devices
 
     if libtpu_version() is None:
         pytest.skip("needs the TPU extra (libtpu)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from shardscope.cost import hardware
-from shardscope.cost.hardware import FIGURES, HardwareError, hardware_from_dict, known_hardware, load_hardware
+from shardscope.case import hardware
+from shardscope.case.hardware import FIGURES, HardwareError, hardware_from_dict, known_hardware, load_hardware
 from shardscope.errors import ShardscopeError
 
 GENERATIONS = ("tpu7x", "v4", "v5e", "v5p", "v6e")
 
 
 def test_the_table_covers_the_tpu_generations_shardscope_compiles_for():
-    from shardscope.tpu import GENERATIONS as COMPILED
+    from shardscope.case.tpu import GENERATIONS as COMPILED
 
     assert tuple(known_hardware()) == GENERATIONS
     assert set(COMPILED) == set(GENERATIONS)
@@ -83,7 +83,7 @@ def test_a_missing_entry_in_the_file_fails_at_load(monkeypatch):
 
 def test_every_figure_in_the_file_has_a_source_nearby():
     """Each figure line carries a source comment, or the comment block right above it does."""
-    text = (hardware.resources.files("shardscope.cost") / hardware.TABLE).read_text()
+    text = (hardware.resources.files("shardscope.case") / hardware.TABLE).read_text()
     lines = text.splitlines()
     for index, line in enumerate(lines):
         stripped = line.strip()

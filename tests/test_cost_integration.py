@@ -16,7 +16,7 @@ from shardscope.cli import app
 from shardscope.cost import estimate_plan, layout_for, load_hardware, price_plan
 from shardscope.diff import diff_plans, diff_to_json
 from shardscope.plan import load_plan, plan_from_json, plan_to_json
-from shardscope.report.estimate_text import human_seconds, signed_seconds
+from shardscope.plan.units import human_seconds, signed_seconds
 from shardscope.report.html import render_html
 from shardscope.report.markdown import render_markdown
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from shardscope import topology
-from shardscope.cost.hardware import HardwareError, load_hardware
+from shardscope.case import topology
+from shardscope.case.hardware import HardwareError, load_hardware
 from shardscope.cost.layout import CORE, SLICE, Span, default_slice_shape, layout_for, layout_from_mesh
 from shardscope.errors import MeshError, ShardscopeError
-from shardscope.tpu import quiet_libtpu
+from shardscope.stages.devices import build_mesh, quiet_libtpu
 
 MESHES = [
     ("v5p-16", (("data", 1), ("stage", 1), ("fsdp", 4), ("expert", 2))),
@@ -24,7 +24,7 @@ MESHES = [
 
 def _tpu_mesh(name, mesh):
     quiet_libtpu()
-    return topology.build_mesh(topology.get_topology(name), mesh, explicit=False)
+    return build_mesh(topology.get_topology(name), mesh, explicit=False)
 
 
 def _signature(axis):

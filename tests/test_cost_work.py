@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from shardscope.cost.work import StepWork, step_work
 from shardscope.hlo.module import read_module
+from shardscope.hlo.work import StepWork, step_work
 
 
 def cost(compiled) -> tuple[float, float]:
@@ -120,7 +120,8 @@ def test_the_tpu_compiler_program_counts_as_its_own_cost_analysis_says():
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from shardscope.tpu import libtpu_version, parse_tpu_slice, quiet_libtpu, tpu_devices
+    from shardscope.case.tpu import libtpu_version, parse_tpu_slice
+    from shardscope.stages.devices import quiet_libtpu, tpu_devices
 
     if libtpu_version() is None:
         pytest.skip("needs the TPU extra (libtpu)")

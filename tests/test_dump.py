@@ -132,7 +132,7 @@ def test_two_processes_give_byte_identical_json(tmp_path):
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_tensors_only_plan_has_exactly_the_compiled_plans_tensors(model, preset, tiny_plans):
     from shardscope.case import resolve_case
-    from shardscope.extract import plan_case
+    from shardscope.golden.pipeline import plan_case
 
     full = tiny_plans(model, preset)
     partial = plan_case(resolve_case(model, preset), tensors_only=True)

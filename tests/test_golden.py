@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from shardscope.errors import PlanError, ShardscopeError
-from shardscope.golden import GoldenCase, golden_path, load_golden, load_manifest, orphan_goldens
+from shardscope.golden.cases import GoldenCase, load_manifest
+from shardscope.golden.store import golden_path, load_golden, orphan_goldens
 from shardscope.plan import plan_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,7 @@ def test_no_orphaned_goldens():
 
 
 def test_matrix_covers_every_tiny_model_and_builtin_preset():
-    from shardscope.presets import builtin_preset_names
+    from shardscope.case.presets import builtin_preset_names
 
     covered = {(c.model, c.preset) for c in CASES if c.topology == "cpu-8"}
     for model in ("deepseek-tiny", "mixtral-tiny"):
@@ -63,7 +64,7 @@ def test_manifest_errors(tmp_path):
 KILL_SCRIPT = """
 import sys
 from pathlib import Path
-from shardscope.golden import load_golden, write_golden
+from shardscope.golden.store import load_golden, write_golden
 import shardscope.atomic as atomic
 
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
@@ -129,9 +130,9 @@ def test_killed_update_leaves_old_or_new_golden(tmp_path):
 def test_changing_one_rule_fails_check_with_exactly_what_it_moved(tmp_path):
     from typer.testing import CliRunner
 
+    from shardscope.case.presets import PRESET_DIR
     from shardscope.cli import app
     from shardscope.diff import diff_plans
-    from shardscope.presets import PRESET_DIR
 
     rules = tmp_path / "rules.yaml"
     shutil.copy(PRESET_DIR / "ep-as-cp.yaml", rules)
@@ -162,7 +163,7 @@ def test_changing_one_rule_fails_check_with_exactly_what_it_moved(tmp_path):
     }
     assert expected
     from shardscope.case import resolve_case
-    from shardscope.extract import plan_case
+    from shardscope.golden.pipeline import plan_case
 
     diff = diff_plans(old, plan_case(resolve_case("mixtral-tiny", str(rules))))
     changed = {c.subject for c in diff.changes if c.kind.startswith("tensor") or c.kind == "spec_changed"}
@@ -181,7 +182,7 @@ def test_changing_one_rule_fails_check_with_exactly_what_it_moved(tmp_path):
 def test_check_without_libtpu_checks_the_rest_and_names_skipped_tpu_cases(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import shardscope.check
+    import shardscope.golden.check
     from shardscope.cli import app
 
     for case in ("cpu-8/default.json", "tpu7x-8/ep-as-cp.json"):
@@ -192,7 +193,7 @@ def test_check_without_libtpu_checks_the_rest_and_names_skipped_tpu_cases(tmp_pa
         "  - {model: deepseek-tiny, preset: default}\n"
         "  - {model: deepseek-tiny, preset: ep-as-cp, topology: tpu7x-8}\n"
     )
-    monkeypatch.setattr(shardscope.check, "libtpu_version", lambda: None)
+    monkeypatch.setattr(shardscope.golden.check, "libtpu_version", lambda: None)
     runner = CliRunner()
     report = tmp_path / "check.md"
     result = runner.invoke(app, ["check", "--golden", str(tmp_path), "-j", "1", "--markdown", str(report)])

@@ -123,9 +123,9 @@ def test_every_tiny_case_agrees_with_xla(model: str, preset: str, compiled_cases
 
 @pytest.mark.parametrize("name", ["deepseek-tiny/tpu7x-8/ep-as-cp", "deepseek-tiny/v5p-16/ep-as-cp"])
 def test_tpu_golden_cases_agree_with_xla(name: str, compile_cached) -> None:
-    from shardscope.extract import slice_mesh
-    from shardscope.golden import load_manifest
-    from shardscope.runner import resolve_golden_case
+    from shardscope.extract.plans import slice_mesh
+    from shardscope.golden.cases import load_manifest
+    from shardscope.golden.worker import resolve_golden_case
 
     (case,) = [c for c in load_manifest(Path(__file__).parent.parent / "golden") if c.case_id == name]
     step = compile_cached(resolve_golden_case(case))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shardscope.compare import compare_plans
 from shardscope.diff import diff_plans
+from shardscope.diff.compare import compare_plans
 from shardscope.plan import load_plan
 from shardscope.tables import traffic_by
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from shardscope.case import resolve_case
-from shardscope.cost.hardware import load_hardware
+from shardscope.case.hardware import load_hardware
 from shardscope.errors import MemoryExhaustedError, ShardingError
-from shardscope.lint.run import lint_case
+from shardscope.golden.planning import lint_case
 
 LINT_DATA = Path(__file__).parent / "data" / "lint"
 MAXTEXT = Path(__file__).parent / "data" / "maxtext" / "custom_mesh_and_rule"
@@ -29,7 +29,7 @@ def ids(report) -> set[str]:
 
 def test_indivisible_dimensions_are_findings_where_planning_stops():
     with pytest.raises(ShardingError):
-        from shardscope.api import plan_resolved_case
+        from shardscope.golden.planning import plan_resolved_case
 
         plan_resolved_case(resolve_case("deepseek-tiny", "ep-as-cp", overrides={"model.global_batch": "6"}))
     report = lint("deepseek-tiny", "ep-as-cp", compile=True, **{"model.global_batch": "6"})
@@ -94,7 +94,7 @@ def test_hbm_overflow_against_the_target_hardware():
 
 
 def test_a_compiler_that_cannot_fit_the_step_is_an_hbm_finding(monkeypatch):
-    import shardscope.api as api
+    import shardscope.golden.planning as api
 
     real = api.plan_resolved_case
 

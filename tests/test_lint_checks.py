@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 from lint_helpers import placed, plan, preset, row, run
 
-from shardscope.cost.hardware import load_hardware
-from shardscope.lint.catalogue import LINT_IDS, LINTS, get_lint
+from shardscope.case.hardware import load_hardware
+from shardscope.case.lints import LINT_IDS, LINTS, get_lint
+from shardscope.case.rules import Indivisible
 from shardscope.lint.context import LintContext, in_moe_block
-from shardscope.lint.finding import Finding, finding_from_json, finding_to_json, sort_findings
 from shardscope.lint.registry import CHECKS
 from shardscope.lint.run import run_checks, silenced
 from shardscope.plan import tensor_record
-from shardscope.rules import Indivisible
+from shardscope.plan.findings import Finding, sort_findings
+from shardscope.plan.json import finding_from_json, finding_to_json
 
 MESH = (("fsdp", 4), ("expert", 2))
 

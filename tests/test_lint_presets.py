@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from shardscope.case import resolve_case
-from shardscope.lint.run import lint_case
-from shardscope.presets import builtin_preset_names, get_preset, load_preset_file
-from shardscope.topology import format_mesh
+from shardscope.case.presets import PRESET_DIR, builtin_preset_names, get_preset, load_preset_file
+from shardscope.case.topology import format_mesh
+from shardscope.golden.planning import lint_case
 
 DATA = Path(__file__).parent / "data" / "maxtext" / "custom_mesh_and_rule"
 MAXTEXT_FILES = sorted(DATA.glob("*.yml"))
@@ -175,7 +175,7 @@ def test_builtin_presets_are_clean_and_silence_only_what_they_explain(name, mode
 
 def _lint_block_comments(name: str) -> list[str]:
     """The comment lines just above a preset file's `lint:` key and inside its block."""
-    lines = (Path(__file__).parent.parent / "shardscope" / "presets" / f"{name}.yaml").read_text().splitlines()
+    lines = (PRESET_DIR / f"{name}.yaml").read_text().splitlines()
     start = lines.index("lint:")
     above = []
     for line in reversed(lines[:start]):
@@ -194,14 +194,14 @@ def _lint_block_comments(name: str) -> list[str]:
 def test_shardscopes_own_presets_have_no_rule_dead_for_both_families(name):
     # They serve both families (so each leaves some of the other's rules dead, which they silence), but a rule
     # that no family uses in any shard mode is a mistake to fix, not to silence.
-    preset = load_preset_file(Path(__file__).parent.parent / "shardscope" / "presets" / f"{name}.yaml")
+    preset = load_preset_file(PRESET_DIR / f"{name}.yaml")
     used = MODEL_NAMES["deepseek-tiny"] | MODEL_NAMES["mixtral-tiny"] | EXPLICIT_NAMES
     assert [logical for logical, _ in preset.logical_axis_rules if logical not in used] == []
 
 
 def test_builtin_golden_plans_carry_no_findings(plan_for_golden_case):
     # The compiled lints (collectives, the compiler's warnings) on every built-in case of the golden matrix.
-    from shardscope.golden import load_manifest
+    from shardscope.golden.cases import load_manifest
 
     for case in load_manifest(Path(__file__).parent.parent / "golden"):
         assert plan_for_golden_case(case).findings == (), case.case_id

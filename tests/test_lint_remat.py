@@ -8,9 +8,9 @@ import sys
 
 from lint_helpers import plan, preset, run
 
-from shardscope.compiler_log import capture_compiler_log, echo_filter
 from shardscope.lint.context import LintContext
 from shardscope.lint.remat import parse_remat_warnings, sharding_spec
+from shardscope.stages.compiler_log import capture_compiler_log, echo_filter
 
 PREFIX = "W1123 02:44:33.431553   26390 spmd_partitioner.cc:656] [SPMD] Involuntary full rematerialization. "
 TAIL = (

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PRESETS, TINY_MODELS
 from reference_models.decoder import Transformer
-from shardscope.compile import make_optimizer, make_train_step
+from shardscope.stages.train_step import make_optimizer, make_train_step
 
 # float32 everywhere; sharded reductions sum in a different order, nothing more.
 LOSS_RTOL = 1e-5

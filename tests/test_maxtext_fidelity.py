@@ -14,11 +14,11 @@ import pytest
 
 from reference_models import MODELS
 from shardscope.case import resolve_case
-from shardscope.extract import plan_case
-from shardscope.maxtext import DumpActivation, equivalent_mesh_and_settings, parse_dump_path, read_dump
+from shardscope.case.presets import builtin_preset_names, get_preset
+from shardscope.case.rules import drop_unit_axes
+from shardscope.extract.maxtext_dump import DumpActivation, equivalent_mesh_and_settings, parse_dump_path, read_dump
+from shardscope.golden.pipeline import plan_case
 from shardscope.plan import Plan
-from shardscope.presets import builtin_preset_names, get_preset
-from shardscope.rules import drop_unit_axes
 
 MAXTEXT = Path(__file__).parent / "data" / "maxtext"
 ALL_DUMPS = sorted(path.parent for path in (MAXTEXT / "sharding_info").rglob("named_shardings.json"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shardscope.extract import plan_from_compiled
+from shardscope.extract.plans import plan_from_compiled
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_outputs_keep_their_tuple_index_and_a_scalar_is_named(mesh):
 
 
 def test_check_compiled_writes_then_passes_then_fails_on_a_change(mesh, tmp_path):
-    from shardscope.golden import load_golden, write_golden
+    from shardscope.golden.store import load_golden, write_golden
     from shardscope.pytest_plugin import GoldenChecker
 
     golden = tmp_path / "step.json"

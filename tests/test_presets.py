@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shardscope.case.presets import absent_rule_axes, builtin_preset_names, get_preset, load_preset_file
+from shardscope.case.rules import drop_unit_axes, resolve_logical
+from shardscope.case.topology import parse_mesh_arg, resolve_mesh
 from shardscope.errors import MeshError, PresetError, UnknownNameError
-from shardscope.presets import absent_rule_axes, builtin_preset_names, get_preset, load_preset_file
-from shardscope.rules import drop_unit_axes, resolve_logical
-from shardscope.topology import parse_mesh_arg, resolve_mesh
 
 DATA = Path(__file__).parent / "data"
 

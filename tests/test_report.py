@@ -10,10 +10,10 @@ from rich.console import Console
 
 from shardscope.diff import diff_plans
 from shardscope.plan import CaseRecord, Plan, TensorRecord, plan_from_json
+from shardscope.plan.units import human_bytes
 from shardscope.report.diff_terminal import diff_renderable
 from shardscope.report.html import render_html, write_html
 from shardscope.report.markdown import md_escape, render_markdown, write_markdown
-from shardscope.summary import human_bytes
 
 DATA = Path(__file__).parent / "data"
 PAYLOAD = "<script>alert(1)</script>"

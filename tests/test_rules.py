@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardscope.rules import explain_logical, resolve_logical, shard_shape
+from shardscope.case.rules import explain_logical, resolve_logical, shard_shape
 
 LOGICAL = ("batch", "length", "embed", "heads", "exp")
 MESH = ("data", "fsdp", "expert", "tensor")

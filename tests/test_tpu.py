@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shardscope import topology, tpu
+from shardscope.case import topology, tpu
 from shardscope.cli import app
 from shardscope.diff import diff_plans
-from shardscope.golden import load_golden
+from shardscope.golden.store import load_golden
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "deepseek-tiny"
 
@@ -85,7 +85,7 @@ def test_cpu_and_tpu_plans_agree_on_shardings_not_on_schedules():
 
 def test_slices_join_over_the_data_axis(plan_of):
     from shardscope.case import resolve_case
-    from shardscope.topology import with_slices
+    from shardscope.case.topology import with_slices
 
     name = with_slices("v5p-16", 2)
     assert name == "2xv5p-16"

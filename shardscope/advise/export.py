@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardscope.advise.prune import INDIVISIBLE, INVALID, MEMORY
-from shardscope.advise.rank import Ranked
-from shardscope.advise.sweep import Advice, compiled_candidates
+from shardscope.advise.rank import Ranked, compiled_candidates
+
+if TYPE_CHECKING:
+    from shardscope.advise.advice import Advice
 
 # The columns of the CSV, in order (seconds and bytes per device per step).
 CSV_COLUMNS = (
@@ -98,7 +100,7 @@ def advice_to_json(advice: Advice) -> dict[str, Any]:
 
 def advice_frame(advice: Advice):
     """Every compiled candidate, ranked ones first, as a pandas DataFrame (the CSV's columns)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas loads on first use
 
     return pd.DataFrame([ranked_row(e) for e in compiled_candidates(advice)], columns=list(CSV_COLUMNS))
 

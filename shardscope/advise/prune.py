@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 from shardscope.advise.space import Candidate
 from shardscope.advise.template import Template, placed_plan
-from shardscope.case import Case, resolve_case
-from shardscope.cost.hardware import Hardware
+from shardscope.case.hardware import Hardware
+from shardscope.case.resolve import Case, resolve_case
 from shardscope.cost.memory import memory_need
 from shardscope.cost.price import check_pricing, tpu_of_topology
 from shardscope.errors import ShardscopeError
+from shardscope.plan.records import case_record
+from shardscope.plan.units import human_bytes
 
 COMPILE = "compile"
 INVALID = "invalid"
@@ -80,8 +82,6 @@ def screen(
     bound = memory_bound(case, template, placed, target)
     capacity = target.hardware.hbm_bytes_per_device
     if bound > capacity:
-        from shardscope.summary import human_bytes
-
         what = "arguments alone" if target.exact_memory else "the tensors' estimate"
         reason = f"needs at least {human_bytes(bound)} per device ({what}), over {human_bytes(capacity)}"
         return Screening(candidate, MEMORY, reason, bound)
@@ -92,9 +92,9 @@ def memory_bound(case: Case, template: Template, placed, target: Target) -> int:
     """A per-device HBM need no compiled plan of this case can be below (see the module docstring)."""
     if target.exact_memory:
         return sum(t.bytes_per_device for _, t in placed.tensors if t.kind in ("param", "opt_state", "input"))
-    return memory_need(placed_plan(case.record(), placed), target.hardware, exact=False).total
+    return memory_need(placed_plan(case_record(case), placed), target.hardware, exact=False).total
 
 
 def _pipelined(case: Case) -> bool:
     pipeline = case.preset.pipeline
-    return pipeline is not None and case.mesh_sizes.get(pipeline.stages_axis, 1) > 1
+    return pipeline is not None and case.mesh_sizes.get(pipeline.stage_axis, 1) > 1

@@ -14,12 +14,17 @@ import math
 import shlex
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from shardscope.advise.space import Candidate
-from shardscope.cost.estimate import Estimate
-from shardscope.plan import Plan
-from shardscope.summary import axes_label
+from shardscope.plan.document import Plan
+from shardscope.plan.estimate import Estimate
+from shardscope.plan.records import axes_label
+from shardscope.plan.units import human_bytes, human_seconds
+
+if TYPE_CHECKING:
+    from shardscope.advise.advice import Advice
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,6 @@ def ranked_of(candidate: Candidate, plan: Plan, command: Sequence[str]) -> Ranke
 
 def rank(entries: Sequence[Ranked]) -> tuple[tuple[Ranked, ...], tuple[Ranked, ...]]:
     """(the candidates that fit, best first, numbered and explained; those that do not, least over first)."""
-    from dataclasses import replace
 
     fitting = sorted((e for e in entries if e.fits), key=Ranked.sort_key)
     over = sorted((e for e in entries if not e.fits), key=lambda e: (e.hbm_need - e.hbm_capacity, e.sort_key()))
@@ -97,7 +101,6 @@ def rank(entries: Sequence[Ranked]) -> tuple[tuple[Ranked, ...], tuple[Ranked, .
 
 
 def _seconds(value: float) -> str:
-    from shardscope.report.estimate_text import human_seconds
 
     return human_seconds(value)
 
@@ -132,8 +135,6 @@ def _reason(entry: Ranked, best: Ranked | None) -> str:
         if not _same(entry.step_full_overlap, best.step_full_overlap):
             return f"ties #1 with nothing overlapped; {_seconds(behind)} slower fully overlapped"
         if entry.hbm_need > best.hbm_need:
-            from shardscope.summary import human_bytes
-
             return f"ties #1 in time; needs {human_bytes(entry.hbm_need - best.hbm_need)} more HBM"
         return "same estimate as #1 (listed after it in search order)"
     if worst is None or worst[2] <= 0:
@@ -144,7 +145,11 @@ def _reason(entry: Ranked, best: Ranked | None) -> str:
 
 
 def _over_reason(entry: Ranked) -> str:
-    from shardscope.summary import human_bytes
 
     what = "" if entry.hbm_exact else " (estimated)"
     return f"does not fit: needs {human_bytes(entry.hbm_need)}{what} of {human_bytes(entry.hbm_capacity)} HBM"
+
+
+def compiled_candidates(advice: Advice) -> tuple[Ranked, ...]:
+    """Every compiled candidate of a search: the ranking, then those over HBM."""
+    return (*advice.ranking, *advice.over_capacity)

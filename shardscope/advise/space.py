@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from shardscope.presets import Preset
-from shardscope.topology import format_mesh, mesh_label
+from shardscope.case.presets import Preset
+from shardscope.case.topology import format_mesh, mesh_label
 
 # A mesh in the preset's axis order: ((axis, size), …), every axis of the preset present.
 Mesh = tuple[tuple[str, int], ...]
@@ -57,7 +57,7 @@ def live_axes(preset: Preset, logical_names: Iterable[str]) -> tuple[str, ...]:
     used = set(logical_names)
     live = {axis for logical, axes in preset.logical_axis_rules if logical in used for axis in axes}
     if preset.pipeline is not None:
-        live.add(preset.pipeline.stages_axis)
+        live.add(preset.pipeline.stage_axis)
     return tuple(axis for axis in preset.mesh_axes if axis in live)
 
 

@@ -9,73 +9,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from shardscope.advise.prune import COMPILE, INVALID, Screening, Target, screen, target_of
+from shardscope.advise.advice import DEFAULT_HARDWARE, Advice, SweepProgress, SweepRequest
+from shardscope.advise.prune import COMPILE, INVALID, Target, screen, target_of
 from shardscope.advise.rank import Ranked, rank, ranked_of
 from shardscope.advise.space import Candidate, live_axes, preset_meshes
-from shardscope.advise.template import Template
+from shardscope.advise.template import Template, load_template, template_case
+from shardscope.case.hardware import load_hardware
+from shardscope.case.presets import builtin_preset_names, get_preset
+from shardscope.case.resolve import get_model, parse_overrides
+from shardscope.case.topology import format_mesh, get_topology, parse_mesh_arg, resolve_mesh
+from shardscope.cost.price import target_for
 from shardscope.errors import ShardscopeError, unknown_name
-
-# The generation a CPU topology is priced on when the user names none (as the golden set's cases are).
-DEFAULT_HARDWARE = "v5p"
-
-
-@dataclass(frozen=True)
-class SweepRequest:
-    """What to search: a model on a topology, over presets, priced on a generation."""
-
-    model: str
-    topology: str
-    presets: tuple[str, ...]
-    overrides: tuple[tuple[str, str], ...] = ()
-    pinned: tuple[tuple[str, int], ...] = ()  # axes held at a size (`--mesh`); the others are searched
-    hardware: str | None = None  # None: a TPU topology's own generation, else DEFAULT_HARDWARE
-    efficiency: float | None = None
-    exhaustive: bool = False  # compile every valid candidate, prune nothing (to audit the pruning)
-
-
-@dataclass(frozen=True)
-class SweepProgress:
-    """Where a sweep stands: candidates finished of those to compile, and the best that fits so far."""
-
-    done: int
-    total: int
-    cached: int
-    best: Ranked | None
-    last: str  # the candidate just finished
-
-
-@dataclass(frozen=True)
-class Advice:
-    """A finished search: every candidate's fate, and the ranking."""
-
-    request: SweepRequest
-    target: str  # "v5p 2x2x2 (cpu-8 plans priced as v5p)"
-    hardware: str
-    efficiency: float
-    enumerated: int
-    screenings: tuple[Screening, ...]  # one per candidate, in enumeration order
-    ranking: tuple[Ranked, ...]  # candidates that fit, best first
-    over_capacity: tuple[Ranked, ...]  # compiled, but over HBM
-    failed: tuple[tuple[Candidate, str], ...]  # screened in, but the compile refused them
-    compiled: int  # compiled in this run
-    cached: int  # read from the plan cache
-    seconds: float  # wall time
-
-    @property
-    def pruned(self) -> tuple[Screening, ...]:
-        return tuple(s for s in self.screenings if s.verdict != COMPILE)
-
-    def pruned_by(self, verdict: str) -> int:
-        return sum(s.verdict == verdict for s in self.screenings)
-
-    def frame(self):
-        """Every compiled candidate, ranked ones first, as a pandas DataFrame (rank 0: over HBM)."""
-        from shardscope.advise.export import advice_frame
-
-        return advice_frame(self)
+from shardscope.golden.cases import GoldenCase
+from shardscope.golden.runner import dump_cases
+from shardscope.plan.json import plan_from_json
+from shardscope.stages.compiler_log import prepare_compiler_log
 
 
 def make_request(
@@ -89,9 +39,6 @@ def make_request(
 ) -> SweepRequest:
     """A request from what users type: all built-in presets when none, `--mesh` text or a mapping of held
     axes, `--set` strings or a mapping (raises ShardscopeError on malformed text)."""
-    from shardscope.case import parse_overrides
-    from shardscope.presets import builtin_preset_names
-    from shardscope.topology import parse_mesh_arg
 
     pinned = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
     overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
@@ -113,11 +60,6 @@ def preset_label(preset: str) -> str:
 
 def validate(request: SweepRequest) -> Target:
     """Every user input of the request, checked before anything traces (raises ShardscopeError, one line)."""
-    from shardscope.case import get_model, parse_overrides
-    from shardscope.cost.hardware import load_hardware
-    from shardscope.cost.price import target_for
-    from shardscope.presets import get_preset
-    from shardscope.topology import get_topology
 
     get_model(request.model)
     topology = get_topology(request.topology)
@@ -139,19 +81,18 @@ def validate(request: SweepRequest) -> Target:
             )
     name = request.hardware
     own = target_for(request.topology, None)
-    if name is None and own is None:
-        name = DEFAULT_HARDWARE
-    priced = target_for(request.topology, name)
-    assert priced is not None  # a generation is named or the topology has its own
+    if name is None and own is not None:
+        hardware = own.hardware  # a TPU topology prices as itself
+    else:
+        name = name or DEFAULT_HARDWARE
+        hardware = load_hardware(name)
     if request.efficiency is not None and not 0 < request.efficiency <= 1:
         raise ShardscopeError(f"--efficiency must be in (0, 1], found {request.efficiency}")
-    return target_of(request.topology, load_hardware(priced.hardware.name), name, request.efficiency)
+    return target_of(request.topology, hardware, name, request.efficiency)
 
 
 def enumerate_candidates(request: SweepRequest, templates: Mapping[str, Template]) -> list[Candidate]:
     """Every (preset, mesh) of the search, in a fixed order: presets as given, meshes lexicographically."""
-    from shardscope.presets import get_preset
-    from shardscope.topology import get_topology
 
     devices = get_topology(request.topology).num_devices
     candidates: list[Candidate] = []
@@ -167,8 +108,6 @@ def enumerate_candidates(request: SweepRequest, templates: Mapping[str, Template
 
 def reproduce_command(request: SweepRequest, candidate: Candidate, hardware: str | None) -> list[str]:
     """The `shardscope dump` command line that makes this candidate's plan (as short as it can be)."""
-    from shardscope.presets import get_preset
-    from shardscope.topology import format_mesh, get_topology, resolve_mesh
 
     preset = get_preset(candidate.preset)
     devices = get_topology(request.topology).num_devices
@@ -201,12 +140,6 @@ def advise(
     progress: Callable[[SweepProgress], None] | None = None,
 ) -> Advice:
     """Runs the search (see the package docstring). Raises ShardscopeError on a wrong input, before compiling."""
-    from shardscope.advise.template import load_template, template_case
-    from shardscope.compiler_log import prepare_compiler_log
-    from shardscope.golden import GoldenCase
-    from shardscope.plan import plan_from_json
-    from shardscope.runner import dump_cases
-    from shardscope.topology import get_topology
 
     started = time.perf_counter()
     prepare_compiler_log()  # before the templates start JAX: compiler warnings are captured, not printed
@@ -277,8 +210,3 @@ def _target_label(request: SweepRequest, target: Target) -> str:
     if target.exact_memory:
         return f"{request.topology} ({target.hardware.name})"
     return f"{target.hardware.name} (a {request.topology} plan priced as {target.hardware.name})"
-
-
-def compiled_candidates(advice: Advice) -> Sequence[Ranked]:
-    """Every compiled candidate: the ranking, then those over HBM."""
-    return (*advice.ranking, *advice.over_capacity)

@@ -14,11 +14,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shardscope.case import Case
-from shardscope.plan import TENSORS_ONLY, CaseRecord, Plan, TensorRecord
-from shardscope.rules import Rule, Spec, drop_unit_axes, indivisible_dims, resolve_logical
-from shardscope.settings import MODEL_SETTABLE
-from shardscope.topology import Topology
+from shardscope.case.presets import get_preset
+from shardscope.case.resolve import Case, get_model, resolve_case
+from shardscope.case.rules import Rule, Spec, drop_unit_axes, indivisible_dims, resolve_logical
+from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
+from shardscope.case.topology import Topology, get_topology
+from shardscope.golden.cache import case_key, load_plan_text, store
+from shardscope.plan.document import Plan
+from shardscope.plan.json import plan_from_json, plan_to_json
+from shardscope.plan.records import TENSORS_ONLY, CaseRecord, TensorRecord
+from shardscope.stages.devices import configure_devices
 
 # Tensor kinds whose placement comes from the rules alone (activations may also be placed physically).
 STATE_KINDS = ("param", "opt_state", "input")
@@ -31,6 +36,7 @@ def itemsize(dtype: str) -> int:
     """Bytes per element of a plan's dtype name."""
     if dtype in _ITEMSIZE:
         return _ITEMSIZE[dtype]
+    # lazy: numpy loads on first use
     import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
     import numpy as np
 
@@ -123,10 +129,6 @@ def template_case(model: str, preset: str, topology: str, overrides: Mapping[str
     Raises:
       ShardscopeError: an unknown model, preset or topology, or a wrong setting (as `dump` would say).
     """
-    from shardscope.case import get_model, resolve_case
-    from shardscope.presets import get_preset
-    from shardscope.settings import apply_model_settings, check_model
-    from shardscope.topology import get_topology
 
     devices = get_topology(topology).num_devices
     fields = {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")}
@@ -145,17 +147,14 @@ def load_template(case: Case, pool: Topology, use_cache: bool = True) -> Templat
     `pool` is the topology this process compiles for afterwards: fake CPU devices are sized once per
     process, so the pool is sized for it (not for the template's one device) before JAX starts.
     """
-    from shardscope.cache import case_key, load_plan_text, store
-    from shardscope.plan import plan_from_json, plan_to_json
 
     key = case_key(case, tensors_only=True) if use_cache else None
     cached = load_plan_text(key) if key is not None else None
     if cached is not None:
         return Template(plan_from_json(cached, "cached template"), case.preset.logical_axis_rules)
-    import jax
+    import jax  # lazy: JAX loads only where a case is planned
 
-    from shardscope.extract import plan_case
-    from shardscope.topology import configure_devices
+    from shardscope.golden.pipeline import plan_case
 
     configure_devices(pool)
     jax.devices()  # starts the backend with that pool, so that nothing resizes it

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardscope.cost.hardware import Hardware
+from shardscope.case.hardware import Hardware
 from shardscope.cost.layout import CORE, SLICE, Span
 
 PRICED_OPS = (

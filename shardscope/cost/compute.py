@@ -11,30 +11,10 @@ for models whose layers are scanned the compute time is a lower bound unless the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from shardscope.cost.hardware import Hardware
-
-
-@dataclass(frozen=True)
-class ComputeTime:
-    """Roofline time of a device's FLOPs and HBM traffic."""
-
-    flops: float | None
-    bytes_accessed: float | None
-    flops_seconds: float  # at peak bf16 FLOP/s
-    memory_seconds: float  # at peak HBM bandwidth
-
-    @property
-    def seconds(self) -> float:
-        """The roofline: whichever of compute and memory traffic takes longer."""
-        return max(self.flops_seconds, self.memory_seconds)
-
-    @property
-    def bound(self) -> str:
-        """ "compute" or "memory": which side of the roofline the step is on."""
-        return "compute" if self.flops_seconds >= self.memory_seconds else "memory"
+from shardscope.case.hardware import Hardware
+from shardscope.plan.estimate import ComputeTime
 
 
 def compute_time(hardware: Hardware, flops: float | None, bytes_accessed: float | None) -> ComputeTime:

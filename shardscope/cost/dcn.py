@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from shardscope.plan import CollectiveRow, Plan
-from shardscope.topology import DCN_AXIS
+from shardscope.case.topology import DCN_AXIS
+from shardscope.plan.document import Plan
+from shardscope.plan.records import CollectiveRow
 
 SOURCE = "(cross-slice, inferred from parameter shardings)"
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from shardscope.case.hardware import Hardware, HardwareError, table_source
 from shardscope.cost.collective import PRICED_OPS, CollectiveTime, collective_time
-from shardscope.cost.compute import ComputeTime, compute_time
+from shardscope.cost.compute import compute_time
 from shardscope.cost.dcn import cross_slice_rows
-from shardscope.cost.hardware import Hardware, HardwareError, table_source
 from shardscope.cost.layout import SLICE, Layout
-from shardscope.cost.memory import MemoryEstimate, memory_need
-from shardscope.plan import CollectiveRow, Plan
-from shardscope.summary import axes_label
+from shardscope.cost.memory import memory_need
+from shardscope.plan.document import Plan
+from shardscope.plan.estimate import Estimate, PricedRow, RowTime
+from shardscope.plan.records import CollectiveRow, axes_label
 
 BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
 
@@ -27,56 +27,6 @@ BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Par
 def figures_source() -> str:
     """The table the figures came from (a table of one's own is named by its path)."""
     return f"{table_source()} (built-in figures: {BUILT_IN_SOURCES})"
-
-
-@dataclass(frozen=True)
-class RowTime:
-    """The estimated time of one collective row per step."""
-
-    seconds: float | None  # (latency + transfer / efficiency) × count × loop_trips; None: unpriced
-    latency: float  # one execution
-    transfer: float  # one execution at the full modelled bandwidth
-    unpriced: str | None = None  # why there is no time
-
-
-@dataclass(frozen=True)
-class PricedRow:
-    """A row the plan does not hold (traffic between slices), with its time."""
-
-    row: CollectiveRow
-    time: RowTime
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """What a plan costs on one target: communication, compute, step bounds and memory."""
-
-    hardware: str
-    slice_shape: tuple[int, ...]
-    slices: int
-    layout_source: str  # "devices" or "standard slice"
-    efficiency: float
-    efficiency_source: str  # "hardware table" or "caller"
-    figures_source: str
-    rows: tuple[RowTime, ...]  # aligned with plan.collectives
-    cross_slice: tuple[PricedRow, ...]
-    by_axes: tuple[tuple[str, float], ...]
-    by_op: tuple[tuple[str, float], ...]
-    by_pass: tuple[tuple[str, float], ...]
-    communication: float  # seconds per step, every priced row
-    unpriced_rows: int
-    compute: ComputeTime
-    memory: MemoryEstimate
-
-    @property
-    def step_no_overlap(self) -> float:
-        """Upper bound: compute, then every collective, one after another."""
-        return self.compute.seconds + self.communication
-
-    @property
-    def step_full_overlap(self) -> float:
-        """Lower bound: communication entirely hidden behind compute (or the reverse)."""
-        return max(self.compute.seconds, self.communication)
 
 
 def price_row(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency: float, within_slice: bool) -> RowTime:

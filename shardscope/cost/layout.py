@@ -19,10 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope.cost.hardware import Hardware, HardwareError, load_hardware
+from shardscope.case.hardware import Hardware, HardwareError, load_hardware
+from shardscope.case.topology import DCN_AXIS, format_mesh
+from shardscope.case.tpu import GENERATIONS, known_tpu_names, parse_tpu_slice
 from shardscope.errors import MeshError
-from shardscope.topology import DCN_AXIS, format_mesh
-from shardscope.tpu import GENERATIONS, known_tpu_names, parse_tpu_slice
 
 TORUS = ("x", "y", "z")
 CORE = "core"  # the devices of one chip (TPU7x: two dies joined on the package)
@@ -253,7 +253,7 @@ def layout_from_mesh(mesh: Any, hardware: Hardware | str | None = None) -> Layou
     Raises:
       HardwareError: a device kind the table lacks (and no `hardware` given), or devices without coords.
     """
-    import numpy as np
+    import numpy as np  # lazy: numpy loads on first use
 
     grid = np.asarray(mesh.devices)
     flat = list(grid.flat)

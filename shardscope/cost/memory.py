@@ -15,42 +15,10 @@ need: treat it as a floor, and compile for the TPU topology for the exact figure
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
-from shardscope.cost.hardware import Hardware
-from shardscope.plan import Plan
-
-EXACT = "tpu compiler"
-ESTIMATED = "estimated from tensors (named tensors only)"
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """HBM bytes per device by category, their total, and the capacity they must fit."""
-
-    categories: tuple[tuple[str, int], ...]
-    capacity: int
-    source: str  # EXACT or ESTIMATED
-
-    @property
-    def total(self) -> int:
-        """The per-device need: the sum of the categories."""
-        return sum(size for _, size in self.categories)
-
-    @property
-    def exact(self) -> bool:
-        """Whether the total is the TPU compiler's own figure."""
-        return self.source == EXACT
-
-    @property
-    def fits(self) -> bool:
-        """Whether the need fits the device's HBM."""
-        return self.total <= self.capacity
-
-    @property
-    def over(self) -> int:
-        """Bytes beyond capacity (0 when it fits)."""
-        return max(0, self.total - self.capacity)
+from shardscope.case.hardware import Hardware
+from shardscope.plan.document import Plan
+from shardscope.plan.estimate import ESTIMATED, EXACT, MemoryEstimate
 
 
 def _kind_bytes(plan: Plan) -> dict[str, int]:

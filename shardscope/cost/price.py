@@ -12,11 +12,12 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from shardscope.cost.estimate import Estimate, estimate_plan
-from shardscope.cost.hardware import Hardware, HardwareError, load_hardware
+from shardscope.case.hardware import Hardware, HardwareError, load_hardware
+from shardscope.case.tpu import is_tpu_name, parse_tpu_slice
+from shardscope.cost.estimate import estimate_plan
 from shardscope.cost.layout import Layout, layout_for
-from shardscope.plan import Plan
-from shardscope.tpu import is_tpu_name, parse_tpu_slice
+from shardscope.plan.document import Plan
+from shardscope.plan.estimate import Estimate
 
 _SLICES = re.compile(r"(?:(\d+)x)?(.+)")
 

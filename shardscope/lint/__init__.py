@@ -8,7 +8,7 @@ warnings), `rule_checks` (dead, shadowed and size-1 rules, names no rule mention
 warnings), `registry` (id → check) and `run` (findings of a case). Importing this package imports no JAX.
 """
 
-from shardscope.lint.catalogue import LINT_IDS, LINTS, LintInfo, get_lint
-from shardscope.lint.finding import SEVERITIES, Finding, severity_rank, sort_findings
+from shardscope.case.lints import LINT_IDS, LINTS, LintInfo, get_lint
+from shardscope.plan.findings import SEVERITIES, Finding, severity_rank, sort_findings
 
 __all__ = ["LINTS", "LINT_IDS", "SEVERITIES", "Finding", "LintInfo", "get_lint", "severity_rank", "sort_findings"]

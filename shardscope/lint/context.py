@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardscope.plan import Plan, TensorRecord
-from shardscope.presets import Preset
-from shardscope.rules import Indivisible, Rule
+from shardscope.case.presets import Preset
+from shardscope.case.rules import Indivisible, Rule
+from shardscope.plan.document import Plan
+from shardscope.plan.records import TensorRecord
 
 if TYPE_CHECKING:
-    from shardscope.cost.hardware import Hardware
+    from shardscope.case.hardware import Hardware
 
 # A logical-axes tuple, one name (or None) per dimension.
 LogicalAxes = tuple[str | None, ...]

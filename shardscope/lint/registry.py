@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from shardscope.lint.catalogue import LINT_IDS
+from shardscope.case.lints import LINT_IDS
 from shardscope.lint.context import LintContext
-from shardscope.lint.finding import Finding
 from shardscope.lint.remat import check_remat
 from shardscope.lint.rule_checks import (
     check_absent_axes,
@@ -25,6 +24,7 @@ from shardscope.lint.tensor_checks import (
     check_silently_replicated,
     check_weight_names_on_activations,
 )
+from shardscope.plan.findings import Finding
 
 # A check reads one case and yields what it finds (each finding carries its lint's id).
 Check = Callable[[LintContext], Iterable[Finding]]

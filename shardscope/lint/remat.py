@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from shardscope.hlo.groups import MeshLayout, expand_iota_groups, groups_to_axes
 from shardscope.hlo.metadata import matching_bracket, module_path, pass_of
 from shardscope.lint.context import LintContext
-from shardscope.lint.finding import Finding
+from shardscope.plan.findings import Finding
 
 _MARKER = "Involuntary full rematerialization"
 _FROM = "cannot go from sharding "

@@ -7,9 +7,9 @@ import difflib
 from collections import defaultdict
 from collections.abc import Iterator
 
+from shardscope.case.rules import RuleSkip, explain_logical
 from shardscope.lint.context import LintContext, LogicalAxes, axes_text, rule_subject
-from shardscope.lint.finding import Finding
-from shardscope.rules import RuleSkip, explain_logical
+from shardscope.plan.findings import Finding
 
 
 def _example(tuples: list[LogicalAxes]) -> str:

@@ -7,13 +7,14 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 
+from shardscope.case.rules import entry_axes, explain_logical
+from shardscope.case.topology import DCN_AXIS
+from shardscope.cost.memory import memory_need
 from shardscope.lint.context import LintContext, axes_text, rule_subject
-from shardscope.lint.finding import Finding
 from shardscope.lint.tensor_checks import is_layer_stack_name
-from shardscope.plan import CollectiveRow, TensorRecord
-from shardscope.rules import entry_axes, explain_logical
-from shardscope.summary import axes_label, human_bytes
-from shardscope.topology import DCN_AXIS
+from shardscope.plan.findings import Finding
+from shardscope.plan.records import CollectiveRow, TensorRecord, axes_label
+from shardscope.plan.units import human_bytes
 
 EXPERT_NAME = "exp"
 # MaxText's MoE gathers its expert weights over FSDP once per layer by design (it places them on their
@@ -139,7 +140,6 @@ def check_hbm(ctx: LintContext) -> Iterator[Finding]:
     """`hbm-overflow`: the plan's per-device memory need exceeds the target hardware's HBM."""
     if ctx.hardware is None:
         return
-    from shardscope.cost.memory import memory_need
 
     need = memory_need(ctx.plan, ctx.hardware)
     if need.fits:

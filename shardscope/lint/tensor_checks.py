@@ -7,12 +7,12 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
+from shardscope.case.rules import entry_axes, explain_logical
+from shardscope.case.topology import DCN_AXIS
 from shardscope.lint.context import LintContext, LogicalAxes, axes_text, in_moe_block, rule_subject
-from shardscope.lint.finding import Finding
-from shardscope.plan import TensorRecord
-from shardscope.rules import entry_axes, explain_logical
-from shardscope.summary import human_bytes
-from shardscope.topology import DCN_AXIS
+from shardscope.plan.findings import Finding
+from shardscope.plan.records import TensorRecord
+from shardscope.plan.units import human_bytes
 
 ACTIVATION_PREFIX = "activation_"
 _KIND_ORDER = {"param": 0, "input": 1, "activation": 2, "opt_state": 3, "output": 4}

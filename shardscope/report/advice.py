@@ -13,9 +13,10 @@ from rich.text import Text
 from shardscope.advise.export import counts
 from shardscope.advise.rank import Ranked
 from shardscope.advise.sweep import Advice
-from shardscope.report.estimate_text import human_seconds
-from shardscope.report.terminal import FitToWidth
-from shardscope.summary import compact_bytes, human_bytes
+from shardscope.plan.units import compact_bytes, human_bytes, human_seconds
+from shardscope.report.html import environment
+from shardscope.report.layout import FitToWidth
+from shardscope.report.svg import stacked_against_capacity, stacked_bars
 
 
 def headline(advice: Advice) -> str:
@@ -148,14 +149,12 @@ def _picture_label(entry: Ranked) -> str:
 
 
 def _time_picture(entries: Sequence[Ranked]) -> str:
-    from shardscope.report.svg import stacked_bars
 
     rows = [(_picture_label(e), (("compute", e.compute), ("communication", e.communication))) for e in entries]
     return stacked_bars(rows, human_seconds, width=640)
 
 
 def _memory_picture(entries: Sequence[Ranked]) -> str:
-    from shardscope.report.svg import stacked_against_capacity
 
     sides = [(_picture_label(e), (("HBM need", e.hbm_need),)) for e in entries]
     capacity = entries[0].hbm_capacity if entries else 0
@@ -164,7 +163,6 @@ def _memory_picture(entries: Sequence[Ranked]) -> str:
 
 def render_advice_html(advice: Advice, top: int) -> str:
     """The search as one HTML page: headline, counts, the ranked table, its pictures, the plans over HBM."""
-    from shardscope.report.html import environment
 
     shown = advice.ranking[:top]
     template = environment().get_template("advise.html.j2")

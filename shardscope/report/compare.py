@@ -8,11 +8,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.compare import TIME_SECTIONS, Comparison, ComparisonRow
+from shardscope.case.topology import mesh_label
+from shardscope.diff.compare import TIME_SECTIONS, Comparison, ComparisonRow
+from shardscope.plan.units import compact_bytes, human_seconds
 from shardscope.report.html import environment
-from shardscope.report.terminal import FitToWidth
-from shardscope.summary import compact_bytes
-from shardscope.topology import mesh_label
+from shardscope.report.layout import FitToWidth
 
 BEST = "*"  # marks the best value of a row, also where colour is not shown
 
@@ -22,8 +22,6 @@ def value_text(value: float | None, section: str = "") -> str:
     if value is None:
         return "—"
     if section in TIME_SECTIONS:
-        from shardscope.report.estimate_text import human_seconds
-
         return human_seconds(value)
     return compact_bytes(int(value))
 

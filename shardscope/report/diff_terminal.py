@@ -11,21 +11,17 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.diff import (
-    COLLECTIVE_KINDS,
-    FINDING_KINDS,
-    TENSOR_KINDS,
-    Change,
-    PlanDiff,
-    TensorGroup,
-    group_tensor_changes,
-    unit_axes,
-)
-from shardscope.plan import CaseRecord
-from shardscope.report.terminal import FitToWidth, column_widths, spec_text
-from shardscope.rules import SpecEntry
-from shardscope.summary import human_bytes
-from shardscope.topology import mesh_label
+from shardscope.case.rules import SpecEntry
+from shardscope.case.topology import mesh_label
+from shardscope.diff.changes import Change, PlanDiff
+from shardscope.diff.grouping import TensorGroup, group_tensor_changes, unit_axes
+from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
+from shardscope.plan.estimate import Estimate
+from shardscope.plan.records import CaseRecord
+from shardscope.plan.units import human_bytes, human_seconds, signed_seconds
+from shardscope.report.estimate_text import cost_headline, cost_rows, memory_headline, target_label
+from shardscope.report.findings import finding_changes_table
+from shardscope.report.layout import FitToWidth, column_widths, spec_text
 
 # One headline line: a name and its value on each side (None where that side lacks it).
 HeadlineRow = tuple[str, int | None, int | None]
@@ -289,11 +285,7 @@ def _collective_table(changes: Sequence[Change], width: int) -> Table:
     return table
 
 
-def _cost_table(diff: PlanDiff) -> Table:
-    from shardscope.report.estimate_text import cost_rows, human_seconds, target_label
-
-    target = diff.cost_after or diff.cost_before
-    assert target is not None
+def _cost_table(diff: PlanDiff, target: Estimate) -> Table:
     table = Table(
         title=f"Estimated time per step ({target_label(target)}, efficiency {target.efficiency:g})",
         title_justify="left",
@@ -315,7 +307,6 @@ def _cost_table(diff: PlanDiff) -> Table:
 
 def seconds_delta(before: float, after: float) -> str:
     """ "+0.80 ms (+12%)", or "" when equal."""
-    from shardscope.report.estimate_text import signed_seconds
 
     if before == after:
         return ""
@@ -331,7 +322,6 @@ def trend_seconds(before: float | None, after: float | None) -> str:
 
 def cost_lines(diff: PlanDiff) -> list[str]:
     """The cost headline of a diff: Δ step (or communication) time and the HBM need, when both are priced."""
-    from shardscope.report.estimate_text import cost_headline, memory_headline
 
     lines = [cost_headline(diff.cost_before, diff.cost_after, diff.old_case.preset)]
     lines.append(memory_headline(diff.cost_before, diff.cost_after))
@@ -372,19 +362,18 @@ def diff_renderable(diff: PlanDiff) -> Group:
             f" per device per step ({total})"
         )
     )
-    if diff.cost_before is not None or diff.cost_after is not None:
-        parts += [Text(""), _cost_table(diff)]
-    groups = group_tensor_changes(diff.of_kind(*TENSOR_KINDS))
+    target = diff.cost_after or diff.cost_before
+    if target is not None:
+        parts += [Text(""), _cost_table(diff, target)]
+    groups = group_tensor_changes(diff.of_kind(*TENSOR_CHANGE_KINDS))
     if groups:
         unit = unit_axes(diff.old_case, diff.new_case)
         parts += [Text(""), FitToWidth(lambda width: _tensor_table(groups, unit, width))]
-    collectives = diff.of_kind(*COLLECTIVE_KINDS)
+    collectives = diff.of_kind(*COLLECTIVE_CHANGE_KINDS)
     if collectives:
         parts += [Text(""), FitToWidth(lambda width: _collective_table(collectives, width))]
-    findings = diff.of_kind(*FINDING_KINDS)
+    findings = diff.of_kind(*FINDING_CHANGE_KINDS)
     if findings:
-        from shardscope.report.findings import finding_changes_table
-
         parts += [Text(""), finding_changes_table(findings)]
     parts += [
         Text(""),

@@ -8,17 +8,16 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.cost.estimate import Estimate
+from shardscope.plan.estimate import Estimate
+from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.estimate_text import (
     compute_label,
     efficiency_label,
-    human_seconds,
     memory_source_label,
     memory_verdict,
     step_label,
     target_label,
 )
-from shardscope.summary import human_bytes
 
 
 def _time_section(table: Table, title: str, rows: Sequence[tuple[str, float]], total: float) -> None:

@@ -4,31 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from shardscope.cost.estimate import Estimate
-from shardscope.summary import human_bytes
-
-
-def human_seconds(seconds: float | None) -> str:
-    """0.0123 → "12.3 ms"; three significant digits from ns to s."""
-    if seconds is None:
-        return "?"
-    if seconds == 0:
-        return "0 s"
-    value = abs(seconds)
-    sign = "-" if seconds < 0 else ""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
-        if value >= scale or unit == "ns":
-            scaled = value / scale
-            digits = 0 if scaled >= 100 else 1 if scaled >= 10 else 2
-            return f"{sign}{scaled:.{digits}f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def signed_seconds(seconds: float) -> str:
-    """+0.8 ms / −1.2 s / ±0."""
-    if seconds == 0:
-        return "±0"
-    return ("+" if seconds > 0 else "−") + human_seconds(abs(seconds))
+from shardscope.plan.estimate import Estimate
+from shardscope.plan.units import human_bytes, human_flops, human_seconds, signed_seconds
 
 
 def target_label(estimate: Estimate) -> str:
@@ -48,14 +25,6 @@ def step_label(estimate: Estimate) -> str:
         return f"≥ {human_seconds(estimate.communication)} (communication alone: compute unknown)"
     low, high = estimate.step_full_overlap, estimate.step_no_overlap
     return f"{human_seconds(low)} – {human_seconds(high)} (communication hidden – not hidden)"
-
-
-def human_flops(flops: float) -> str:
-    """ "5.55 TFLOP", "97.3 MFLOP": three significant digits in the largest unit under the figure."""
-    for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP"), (1e3, "kFLOP")):
-        if flops >= scale:
-            return f"{flops / scale:.3g} {unit}"
-    return f"{flops:.3g} FLOP"
 
 
 def compute_label(estimate: Estimate) -> str:

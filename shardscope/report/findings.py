@@ -9,12 +9,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.lint.catalogue import LINTS
-from shardscope.lint.finding import Finding, count_by_severity
-from shardscope.report.terminal import FitToWidth, column_widths
+from shardscope.case.lints import LINTS
+from shardscope.plan.findings import Finding, count_by_severity
+from shardscope.report.layout import FitToWidth, column_widths
 
 if TYPE_CHECKING:
-    from shardscope.diff import Change
+    from shardscope.diff.changes import Change
 
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 # How diff reports mark a finding a change added, resolved or changed.

@@ -15,40 +15,38 @@ from typing import Any
 import jinja2
 
 from shardscope.atomic import write_atomic
-from shardscope.diff import (
-    COLLECTIVE_KINDS,
-    FINDING_KINDS,
-    TENSOR_KINDS,
-    Change,
-    DimChange,
-    PlanDiff,
-    case_dict,
-    group_tensor_changes,
-    unit_axes,
-)
-from shardscope.plan import TENSOR_KINDS as RECORD_KINDS
-from shardscope.plan import CaseRecord, CollectiveRow, TensorRecord
+from shardscope.case.rules import SpecEntry
+from shardscope.case.topology import mesh_label
+from shardscope.diff.changes import Change, DimChange, PlanDiff
+from shardscope.diff.grouping import group_tensor_changes, unit_axes
+from shardscope.diff.json import case_dict
+from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
+from shardscope.plan.records import TENSOR_KINDS as RECORD_KINDS
+from shardscope.plan.records import CaseRecord, CollectiveRow, TensorRecord, axes_label
+from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
     TENSOR_MARKS,
     case_title,
     collective_axes,
     collective_shape,
+    cost_lines,
     delta_text,
     dim_phrases,
     headline_sections,
+    seconds_delta,
     side_spec,
     stat_text,
     summary_counts,
     tensor_bytes,
     trend,
+    trend_seconds,
     value_text,
 )
+from shardscope.report.estimate_text import cost_rows, memory_source_label, target_label
 from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
-from shardscope.report.terminal import spec_text
-from shardscope.rules import SpecEntry
-from shardscope.summary import axes_label, human_bytes
-from shardscope.topology import mesh_label
+from shardscope.report.layout import spec_text
+from shardscope.report.svg import paired_bars, stacked_against_capacity
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Collective row classes, so that added/removed/changed rows read like a code diff.
@@ -96,8 +94,6 @@ def _stat_cards(diff: PlanDiff) -> list[dict[str, str]]:
 
 def _time_cards(diff: PlanDiff) -> list[dict[str, str]]:
     """A first card with the estimated step (or communication) time, when both plans are priced."""
-    from shardscope.report.diff_terminal import seconds_delta, trend_seconds
-    from shardscope.report.estimate_text import human_seconds, target_label
 
     before, after = diff.cost_before, diff.cost_after
     if before is None or after is None:
@@ -190,7 +186,7 @@ def _tensor_sections(diff: PlanDiff) -> list[dict[str, Any]]:
     # One table body per tensor kind (param, opt_state, …), in the plan's kind order.
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     unit = unit_axes(diff.old_case, diff.new_case)
-    for group in group_tensor_changes(diff.of_kind(*TENSOR_KINDS)):
+    for group in group_tensor_changes(diff.of_kind(*TENSOR_CHANGE_KINDS)):
         row = _tensor_row(group.change, group.mirrors, unit)
         rows[row["kind"]].append(row)
     order = list(RECORD_KINDS) + sorted(k for k in rows if k not in RECORD_KINDS)
@@ -279,9 +275,6 @@ def _provenance(diff: PlanDiff) -> list[dict[str, Any]]:
 
 def _cost(diff: PlanDiff) -> dict[str, Any] | None:
     """The estimate section: headline, a time table, time per mesh axis and HBM against capacity as SVG."""
-    from shardscope.report.diff_terminal import cost_lines, seconds_delta, trend_seconds
-    from shardscope.report.estimate_text import cost_rows, human_seconds, target_label
-    from shardscope.report.svg import paired_bars, stacked_against_capacity
 
     before, after = diff.cost_before, diff.cost_after
     target = after or before
@@ -313,7 +306,6 @@ def _cost(diff: PlanDiff) -> dict[str, Any] | None:
 
 
 def _memory_sources(sides: Sequence[tuple[str, Any]]) -> str:
-    from shardscope.report.estimate_text import memory_source_label
 
     labels = {name: memory_source_label(estimate) for name, estimate in sides}
     if len(set(labels.values())) == 1:
@@ -328,7 +320,7 @@ def human_bytes_float(value: float) -> str:
 
 def view_model(diff: PlanDiff) -> dict[str, Any]:
     """Everything the template shows, as plain strings, lists and dicts."""
-    collectives = diff.of_kind(*COLLECTIVE_KINDS)
+    collectives = diff.of_kind(*COLLECTIVE_CHANGE_KINDS)
     tensor_sections = _tensor_sections(diff)
     return {
         "old": _case(diff.old_case),
@@ -348,12 +340,12 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
         ],
         "tensor_sections": tensor_sections,
         "tensor_rows": sum(s["count"] for s in tensor_sections),
-        "tensor_changes": len(diff.of_kind(*TENSOR_KINDS)),
+        "tensor_changes": len(diff.of_kind(*TENSOR_CHANGE_KINDS)),
         "collectives": _collective_rows(collectives),
         "collective_marks": {m: sum(1 for c in collectives if COLLECTIVE_MARKS[c.kind] == m) for m in "+−~"},
         "unchanged_tensors": [_unchanged_tensor(p, t) for p, t in diff.unchanged_tensors],
         "unchanged_collectives": [_unchanged_collective(r) for r in diff.unchanged_collectives],
-        "findings": _finding_rows(diff.of_kind(*FINDING_KINDS)),
+        "findings": _finding_rows(diff.of_kind(*FINDING_CHANGE_KINDS)),
         "unchanged_findings": [
             {"severity": f.severity, "id": f.lint, "subject": f.subject, "message": f.message}
             for f in diff.unchanged_findings

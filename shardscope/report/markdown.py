@@ -13,31 +13,27 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from shardscope.atomic import write_atomic
-from shardscope.check import CaseOutcome, CheckSummary
-from shardscope.diff import (
-    COLLECTIVE_KINDS,
-    FINDING_KINDS,
-    TENSOR_KINDS,
-    Change,
-    PlanDiff,
-    TensorGroup,
-    group_tensor_changes,
-    unit_axes,
-)
-from shardscope.plan import CaseRecord
+from shardscope.case.topology import mesh_label
+from shardscope.diff.changes import Change, PlanDiff
+from shardscope.diff.grouping import TensorGroup, group_tensor_changes, unit_axes
+from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
+from shardscope.golden.check import CaseOutcome, CheckSummary
+from shardscope.plan.records import CaseRecord
+from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
+    cost_lines,
     delta_text,
     dim_phrases,
     headline_sections,
+    seconds_delta,
     signed_bytes,
     summary_counts,
     tensor_bytes,
     value_text,
 )
+from shardscope.report.estimate_text import cost_headline, cost_rows
 from shardscope.report.findings import FINDING_MARKS, finding_change_text, finding_side
-from shardscope.summary import human_bytes
-from shardscope.topology import mesh_label
 
 TOP_TENSORS = 8
 TOP_COLLECTIVES = 8
@@ -93,8 +89,6 @@ def _headline(diff: PlanDiff) -> list[str]:
 
 def _cost(diff: PlanDiff) -> list[str]:
     """The cost headline and the time per mesh axis that moved, when both plans are priced."""
-    from shardscope.report.diff_terminal import cost_lines, seconds_delta
-    from shardscope.report.estimate_text import cost_rows, human_seconds
 
     if diff.cost_before is None or diff.cost_after is None:
         return []
@@ -215,15 +209,15 @@ def render_markdown(diff: PlanDiff) -> str:
     lines += [md_escape(", ".join(summary_counts(diff))) + ".", ""]
     lines += _cost(diff)
     lines += _headline(diff)
-    groups = group_tensor_changes(diff.of_kind(*TENSOR_KINDS))
+    groups = group_tensor_changes(diff.of_kind(*TENSOR_CHANGE_KINDS))
     if groups:
-        lines += ["", f"**Changed tensors** ({len(diff.of_kind(*TENSOR_KINDS))}, mirrors folded)", ""]
+        lines += ["", f"**Changed tensors** ({len(diff.of_kind(*TENSOR_CHANGE_KINDS))}, mirrors folded)", ""]
         lines += _tensors(groups, unit_axes(diff.old_case, diff.new_case))
-    collectives = diff.of_kind(*COLLECTIVE_KINDS)
+    collectives = diff.of_kind(*COLLECTIVE_CHANGE_KINDS)
     if collectives:
         lines += ["", "**Collective changes** (+ added, − removed, ~ changed)", ""]
         lines += _collectives(collectives)
-    findings = diff.of_kind(*FINDING_KINDS)
+    findings = diff.of_kind(*FINDING_CHANGE_KINDS)
     if findings:
         lines += ["", "**Lint findings** (+ added, − resolved, ~ changed)", ""]
         lines += _findings(findings)
@@ -249,7 +243,6 @@ def render_check_markdown(outcomes: Sequence[CaseOutcome], summary: CheckSummary
             before, after = outcome.diff.totals_before.total, outcome.diff.totals_after.total
             if before != after:
                 detail += f"; traffic {human_bytes(before)} → {human_bytes(after)} ({delta_text(before, after)})"
-            from shardscope.report.estimate_text import cost_headline
 
             cost = cost_headline(outcome.diff.cost_before, outcome.diff.cost_after, "the golden")
             if cost:

@@ -2,49 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardscope.plan import CollectiveRow, Plan
-from shardscope.rules import DimDecision, Rule, SpecEntry
-from shardscope.summary import axes_label, bytes_by_kind, human_bytes, traffic_totals
-from shardscope.topology import mesh_label
-
-
-class FitToWidth:
-    """A table built for the width it is rendered in: column minimums scale with the terminal, so long
-    paths fold inside their cells on a narrow terminal and no row runs past its edge."""
-
-    def __init__(self, build: Callable[[int], Table]) -> None:
-        self._build = build
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self._build(options.max_width)
-
-
-def column_widths(width: int, fixed: Mapping[str, int], shares: Mapping[str, float]) -> dict[str, int]:
-    """Exact column widths for a table of `width` cells (no edge, one cell of padding each side, one
-    separator between columns): `fixed` columns get their width, the rest shares what is left."""
-    columns = len(fixed) + len(shares)
-    left = width - sum(fixed.values()) - 3 * columns + 1
-    total = sum(shares.values())
-    flexible = {name: max(6, int(left * share / total)) for name, share in shares.items()}
-    return dict(fixed) | flexible
-
-
-def spec_text(spec: Sequence[SpecEntry]) -> str:
-    """A spec as users read PartitionSpecs: P(('data', 'fsdp'), 'expert', None)."""
-    parts = []
-    for entry in spec:
-        if isinstance(entry, tuple):
-            parts.append("(" + ", ".join(repr(a) for a in entry) + ")")
-        else:
-            parts.append(repr(entry))
-    return "P(" + ", ".join(parts) + ")"
+from shardscope.case.rules import DimDecision, Rule
+from shardscope.case.topology import mesh_label
+from shardscope.plan.document import Plan
+from shardscope.plan.records import CollectiveRow, axes_label
+from shardscope.plan.totals import bytes_by_kind, traffic_totals
+from shardscope.plan.units import human_bytes, human_seconds
+from shardscope.report.estimate_terminal import estimate_renderable
+from shardscope.report.findings import findings_summary
+from shardscope.report.layout import FitToWidth, column_widths, spec_text
 
 
 def _totals_table(title: str, rows: Sequence[tuple[str, int]], total: int) -> Table:
@@ -118,7 +91,6 @@ def plan_summary(plan: Plan) -> Group:
     summary = _plan_summary(plan)
     if not plan.findings:
         return summary
-    from shardscope.report.findings import findings_summary
 
     return Group(summary, Text(""), findings_summary(plan.findings))
 
@@ -142,8 +114,6 @@ def _plan_summary(plan: Plan) -> Group:
             memory.add_row(name.removesuffix("_bytes"), human_bytes(size))
         parts += [memory, Text(""), traffic_tables(plan.collectives)]
     if plan.estimate is not None:
-        from shardscope.report.estimate_terminal import estimate_renderable
-
         parts += [Text(""), estimate_renderable(plan.estimate)]
     return Group(*parts)
 
@@ -194,8 +164,6 @@ def frame_table(frame: Any, title: str = "") -> FitToWidth:
         if column in _BYTE_COLUMNS:
             return human_bytes(int(value))
         if column == "time_s":
-            from shardscope.report.estimate_text import human_seconds
-
             return human_seconds(float(value))
         if column == "share":
             return f"{100 * float(value):.0f}%"

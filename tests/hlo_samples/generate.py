@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).parent)]
 from oracle import expected  # noqa: E402
 
-from shardscope.topology import build_mesh, get_topology  # noqa: E402
+from shardscope.case.topology import get_topology  # noqa: E402
+from shardscope.stages.devices import build_mesh  # noqa: E402
 
 HERE = Path(__file__).parent
 EMBED, LAYERS = 16, 3

@@ -1,0 +1,406 @@
+"""Presets: sharding rules as data (MaxText-compatible YAML), strict loading, and the built-in registry.
+
+A preset file holds the keys of MaxText's `custom_mesh_and_rule` files (`mesh_axes`, `data_sharding`,
+`logical_axis_rules`, `context_sharding`, `input_data_sharding_logical_axes`) plus shardscope's own
+(`description`, `origin`, `mesh`, `moe`, `pipeline`, `shard_mode`). A MaxText rule file loads unchanged; any
+other key is an error, because a misspelt key silently ignored is a sharding change nobody reviewed.
+
+Rules are read as MaxText reads them: a rule may name a mesh axis that `mesh_axes` lacks (MaxText's
+`ep-as-dp.yml` names `context` and `tensor`); such an axis has size 1, so it shards nothing. Without a
+`context_sharding` key, the context-parallel axis is MaxText's inference: the first mesh axis of the
+first `activation_length` rule, else `context`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reference_models.config import PipelineSettings
+from shardscope.case.lints import LINT_IDS
+from shardscope.case.rules import Rule
+from shardscope.errors import PresetError, ShardscopeError, unknown_name
+
+PRESET_DIR = Path(__file__).parent / "builtin_presets"
+MOE_STRATEGIES = ("all_to_all", "ring")
+SHARD_MODES = ("auto", "explicit")
+MAXTEXT_KEYS = (
+    "mesh_axes",
+    "data_sharding",
+    "logical_axis_rules",
+    "context_sharding",
+    "input_data_sharding_logical_axes",
+)
+OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode", "lint")
+PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats")
+# A preset file's pipeline keys → the fields of the pipeline record.
+_PIPELINE_FIELDS = {"stages_axis": "stage_axis", "microbatches": "microbatches", "repeats": "repeats"}
+LINT_KEYS = ("ignore", "max_replicated_bytes")
+DEFAULT_MAX_REPLICATED_BYTES = 16 * 1024**2
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LintSettings:
+    """What `lint` checks under this preset: lints silenced (wholly, or for subjects containing a text), and
+    thresholds."""
+
+    ignore: tuple[str, ...] = ()
+    # (lint id, text): that lint's findings whose subject contains the text are silenced.
+    ignore_subjects: tuple[tuple[str, str], ...] = ()
+    max_replicated_bytes: int = DEFAULT_MAX_REPLICATED_BYTES  # per device, for `large-replicated`
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preset:
+    """A named sharding configuration: mesh axes, default sizes, logical rules and strategies."""
+
+    name: str
+    description: str = ""
+    origin: str = ""  # where the rules come from, for presets that carry another project's rule file
+    mesh_axes: tuple[str, ...]
+    mesh: tuple[tuple[str, int], ...] = ()  # default sizes; -1 fills the remaining devices
+    data_sharding: tuple[tuple[str, ...], ...] = ()
+    context_sharding: str | None = None
+    input_data_sharding_logical_axes: tuple[str, ...] = (
+        "activation_embed_and_logits_batch",
+        "activation_norm_length",
+    )
+    logical_axis_rules: tuple[Rule, ...] = ()
+    moe: str = "all_to_all"
+    pipeline: PipelineSettings | None = None
+    shard_mode: str = "auto"
+    lint: LintSettings = LintSettings()
+
+
+def _fail(source: str, message: str) -> PresetError:
+    return PresetError(f"preset {source}: {message}")
+
+
+def _as_axes(value: Any, source: str, where: str) -> tuple[str, ...]:
+    """Mesh axes as written in YAML: a name, a list of names, [] or null."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise _fail(source, f"{where} must be a mesh axis name or a list of them, found {value!r}")
+
+
+def _parse_rules(value: Any, source: str) -> tuple[Rule, ...]:
+    if not isinstance(value, list):
+        raise _fail(source, f"logical_axis_rules must be a list of [logical, mesh_axes] pairs, found {value!r}")
+    rules = []
+    for index, item in enumerate(value):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise _fail(source, f"logical_axis_rules[{index}] must be [logical_name, mesh_axes], found {item!r}")
+        where = f"logical_axis_rules[{index}] [{item[0]}, ...]"
+        axes = _as_axes(item[1], source, where)
+        _check_no_repeat(axes, source, where)
+        rules.append((item[0], axes))
+    return tuple(rules)
+
+
+def _check_no_repeat(axes: tuple[str, ...], source: str, where: str) -> None:
+    """A mesh axis can shard a dimension (or appear in a mesh) once."""
+    repeated = sorted({axis for axis in axes if axes.count(axis) > 1})
+    if repeated:
+        raise _fail(source, f"{where} names mesh axis {repeated[0]!r} more than once ({list(axes)})")
+
+
+def _parse_mesh(value: Any, source: str) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        raise _fail(source, f"mesh must map axis names to sizes (e.g. {{fsdp: -1, expert: 2}}), found {value!r}")
+    return tuple((str(k), int(v)) for k, v in value.items())
+
+
+def _parse_pipeline(value: Any, source: str) -> PipelineSettings | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _fail(source, f"pipeline must be a mapping with keys {', '.join(PIPELINE_KEYS)}, found {value!r}")
+    unknown = sorted(set(value) - set(PIPELINE_KEYS))
+    if unknown:
+        raise _fail(source, f"unknown pipeline key {unknown[0]!r} (known: {', '.join(PIPELINE_KEYS)})")
+    settings = PipelineSettings(**{_PIPELINE_FIELDS[key]: item for key, item in value.items()})
+    if not isinstance(settings.microbatches, int) or settings.microbatches < 1:
+        raise _fail(source, f"pipeline.microbatches must be a positive integer, found {settings.microbatches!r}")
+    return settings
+
+
+def parse_bytes(value: Any, where: str) -> int:
+    """A byte count: an integer, or a number with a unit ("16 MiB", "1GB").
+
+    Raises:
+      ShardscopeError: anything else, or a negative count.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgib")
+    unit = text[len(number) :]
+    try:
+        count = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        count = -1
+    if count < 0 or isinstance(value, bool):
+        raise ShardscopeError(f"{where}: expected a byte count such as 16777216 or '16 MiB', found {value!r}")
+    return int(count)
+
+
+def _check_lint_id(lint_id: str, source: str, where: str) -> None:
+    if lint_id not in LINT_IDS:
+        raise _fail(source, f"{where}: " + unknown_name("lint", lint_id, LINT_IDS).args[0])
+
+
+def _lint_ids(value: Any, source: str, where: str) -> tuple[str, ...]:
+    """Lint ids to silence (a list, or comma-separated), each checked against the lint catalogue."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(source, f"{where} must be a list of lint ids, found {value!r}")
+    for lint_id in value:
+        _check_lint_id(lint_id, source, where)
+    return tuple(dict.fromkeys(value))
+
+
+def _ignore_entries(value: Any, source: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """`lint.ignore`: lint ids, and {id: ..., subject: ...} entries that silence one lint's findings on the
+    subjects containing that text."""
+    if not isinstance(value, list):
+        raise _fail(source, f"lint.ignore must be a list of lint ids, found {value!r}")
+    ids: list[str] = []
+    subjects: list[tuple[str, str]] = []
+    for entry in value:
+        if isinstance(entry, str):
+            _check_lint_id(entry, source, "lint.ignore")
+            ids.append(entry)
+            continue
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"id", "subject"}
+            or not all(isinstance(v, str) and v for v in entry.values())
+        ):
+            raise _fail(
+                source,
+                f"lint.ignore entries are lint ids or {{id: ID, subject: TEXT}} (silences the findings of lint ID "
+                f"whose subject contains TEXT), found {entry!r}",
+            )
+        _check_lint_id(entry["id"], source, "lint.ignore")
+        subjects.append((entry["id"], entry["subject"]))
+    return tuple(dict.fromkeys(ids)), tuple(dict.fromkeys(subjects))
+
+
+def _parse_lint(value: Any, source: str) -> LintSettings:
+    if value is None:
+        return LintSettings()
+    if not isinstance(value, dict):
+        raise _fail(source, f"lint must be a mapping with keys {', '.join(LINT_KEYS)}, found {value!r}")
+    unknown = sorted(set(value) - set(LINT_KEYS))
+    if unknown:
+        raise _fail(source, "lint: " + unknown_name("key", str(unknown[0]), LINT_KEYS).args[0])
+    try:
+        limit = parse_bytes(value.get("max_replicated_bytes", DEFAULT_MAX_REPLICATED_BYTES), "max_replicated_bytes")
+    except ShardscopeError as err:
+        raise _fail(source, f"lint.{err}") from None
+    ids, subjects = _ignore_entries(value.get("ignore", []), source)
+    return LintSettings(ignore=ids, ignore_subjects=subjects, max_replicated_bytes=limit)
+
+
+def _choice(value: Any, allowed: tuple[str, ...], source: str, key: str) -> str:
+    if value not in allowed:
+        raise _fail(source, f"{key} must be one of {', '.join(allowed)}, found {value!r}")
+    return str(value)
+
+
+def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Preset:
+    """Validates a parsed preset mapping and builds the Preset.
+
+    Args:
+      data: the YAML document as a mapping.
+      name: the preset's name (file stem for files).
+      source: how to name it in errors (a path or a built-in name).
+
+    Returns:
+      The validated Preset.
+
+    Raises:
+      PresetError: an unknown key, a wrong type, or a rule naming a mesh axis the preset lacks.
+    """
+    known = MAXTEXT_KEYS + OWN_KEYS
+    for key in data:
+        if key not in known:
+            raise _fail(source, unknown_name("key", str(key), known).args[0])
+    if "mesh_axes" not in data:
+        raise _fail(source, "missing required key 'mesh_axes' (e.g. mesh_axes: ['data', 'fsdp', 'expert'])")
+    mesh_axes = _as_axes(data["mesh_axes"], source, "mesh_axes")
+    if not mesh_axes:
+        raise _fail(source, "mesh_axes must name at least one axis")
+    _check_no_repeat(mesh_axes, source, "mesh_axes")
+    raw_sharding = data.get("data_sharding", [list(mesh_axes)])
+    if not isinstance(raw_sharding, list):
+        raise _fail(source, f"data_sharding must be a list of axis lists, found {raw_sharding!r}")
+    data_sharding = tuple(_as_axes(group, source, "data_sharding") for group in raw_sharding)
+    rules = _parse_rules(data.get("logical_axis_rules", []), source)
+    context = data.get("context_sharding", _inferred_context_axis(rules, mesh_axes))
+    if context is not None and not isinstance(context, str):
+        raise _fail(source, f"context_sharding must be one mesh axis name, found {context!r}")
+    preset = Preset(
+        name=name,
+        description=str(data.get("description", "")).strip(),
+        origin=str(data.get("origin", "")).strip(),
+        mesh_axes=mesh_axes,
+        mesh=_parse_mesh(data.get("mesh", {}), source),
+        data_sharding=data_sharding,
+        context_sharding=context,
+        input_data_sharding_logical_axes=_as_axes(
+            data.get("input_data_sharding_logical_axes", list(Preset.input_data_sharding_logical_axes)),
+            source,
+            "input_data_sharding_logical_axes",
+        ),
+        logical_axis_rules=rules,
+        moe=_choice(data.get("moe", "all_to_all"), MOE_STRATEGIES, source, "moe"),
+        pipeline=_parse_pipeline(data.get("pipeline"), source),
+        shard_mode=_choice(data.get("shard_mode", "auto"), SHARD_MODES, source, "shard_mode"),
+        lint=_parse_lint(data.get("lint"), source),
+    )
+    _check_axes_exist(preset, source)
+    return preset
+
+
+def _inferred_context_axis(rules: tuple[Rule, ...], mesh_axes: tuple[str, ...]) -> str | None:
+    """MaxText's context-parallel axis when a file does not name one: the first mesh axis of the first
+    `activation_length` rule, else `context`; None when the mesh lacks it."""
+    for logical, axes in rules:
+        if logical == "activation_length":
+            if axes:
+                return axes[0] if axes[0] in mesh_axes else None
+            break
+    return "context" if "context" in mesh_axes else None
+
+
+def absent_rule_axes(preset: Preset) -> tuple[str, ...]:
+    """Mesh axes the rules or data_sharding name but `mesh_axes` lacks: size 1, as MaxText treats them."""
+    named = [axis for _, axes in preset.logical_axis_rules for axis in axes]
+    named += [axis for group in preset.data_sharding for axis in group]
+    return tuple(sorted({axis for axis in named if axis not in preset.mesh_axes}))
+
+
+def _check_axes_exist(preset: Preset, source: str) -> None:
+    """Mesh sizes, the context axis and the pipeline's stage axis must name axes of `mesh_axes` (rules and
+    data_sharding may name others: those are size 1)."""
+    mentioned: list[tuple[str, str]] = [(axis, "mesh") for axis, _ in preset.mesh]
+    if preset.context_sharding:
+        mentioned.append((preset.context_sharding, "context_sharding"))
+    if preset.pipeline:
+        mentioned.append((preset.pipeline.stage_axis, "pipeline.stages_axis"))
+    for axis, where in mentioned:
+        if axis not in preset.mesh_axes:
+            hint = unknown_name("mesh axis", axis, preset.mesh_axes).args[0]
+            raise _fail(source, f"{where} names a missing mesh axis: {hint}")
+
+
+def load_preset_file(path: Path, name: str | None = None) -> Preset:
+    """Loads a preset YAML file (MaxText `custom_mesh_and_rule` files included) strictly."""
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise _fail(source, f"cannot read file ({err.strerror})") from None
+    return _preset_from_text(text, name or path.stem, source)
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_from_text(text: str, name: str, source: str) -> Preset:
+    """Parses and validates a preset (cached by its text: a check resolves every case's preset twice)."""
+    try:
+        # libyaml's loader when PyYAML has it: MaxText's base rules take ~40 ms to parse in pure Python.
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise _fail(source, f"malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise _fail(source, f"expected a YAML mapping of preset keys, found {type(data).__name__}")
+    return preset_from_mapping(data, name, source)
+
+
+def builtin_preset_names() -> tuple[str, ...]:
+    """Names of the presets shipped with shardscope."""
+    return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+
+
+def get_preset(name_or_path: str) -> Preset:
+    """A built-in preset by name, or a preset file by path.
+
+    Raises:
+      UnknownNameError: neither a built-in name nor an existing file (with a "did you mean").
+      PresetError: the file is malformed.
+    """
+    if name_or_path in builtin_preset_names():
+        return load_preset_file(PRESET_DIR / f"{name_or_path}.yaml")
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise PresetError(f"preset file {name_or_path} does not exist")
+        return load_preset_file(path)
+    raise unknown_name("preset", name_or_path, builtin_preset_names())
+
+
+PRESET_SETTABLE = (
+    "moe",
+    "shard_mode",
+    "context_sharding",
+    *(f"pipeline.{k}" for k in PIPELINE_KEYS),
+    *(f"lint.{k}" for k in LINT_KEYS),
+)
+
+
+def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Preset:
+    """Applies `--set key=value` overrides that address the preset (moe, shard_mode, pipeline.*)."""
+    for key, value in overrides.items():
+        if key in ("moe", "shard_mode"):
+            allowed = MOE_STRATEGIES if key == "moe" else SHARD_MODES
+            changes: dict[str, Any] = {key: _choice(value, allowed, preset.name, key)}
+            preset = dataclasses.replace(preset, **changes)
+        elif key == "context_sharding":
+            preset = dataclasses.replace(preset, context_sharding=value or None)
+        elif key.startswith("pipeline."):
+            field = key.removeprefix("pipeline.")
+            if field not in PIPELINE_KEYS:
+                raise unknown_name("setting", key, PRESET_SETTABLE)
+            current = preset.pipeline or PipelineSettings()
+            typed: Any = value if field == "stages_axis" else _positive_int(key, value)
+            changed = dataclasses.replace(current, **{_PIPELINE_FIELDS[field]: typed})
+            preset = dataclasses.replace(preset, pipeline=changed)
+        elif key == "lint.ignore":
+            # Added to what the preset silences: `--set` widens a file's choice, it does not undo it.
+            ignore = _lint_ids(value, preset.name, f"--set {key}")
+            preset = dataclasses.replace(
+                preset, lint=dataclasses.replace(preset.lint, ignore=tuple(dict.fromkeys(preset.lint.ignore + ignore)))
+            )
+        elif key == "lint.max_replicated_bytes":
+            limit = parse_bytes(value, f"--set {key}={value}")
+            preset = dataclasses.replace(preset, lint=dataclasses.replace(preset.lint, max_replicated_bytes=limit))
+        else:
+            raise unknown_name("setting", key, PRESET_SETTABLE)
+    _check_axes_exist(preset, preset.name)
+    return preset
+
+
+def _positive_int(key: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ShardscopeError(f"--set {key}={value}: expected a positive integer")
+    return number

@@ -1,0 +1,169 @@
+"""A case: which model, under which preset, on which topology and mesh, with which overrides.
+
+Everything here is validated before JAX starts, so a wrong name or mesh fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reference_models import MODELS, DecoderConfig
+from shardscope.case.presets import PRESET_SETTABLE, Preset, apply_preset_overrides, get_preset
+from shardscope.case.rules import drop_unit_axes, entry_axes, resolve_logical
+from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
+from shardscope.case.topology import Topology, get_topology, resolve_mesh
+from shardscope.errors import ShardscopeError, unknown_name
+
+
+@dataclass(frozen=True)
+class Case:
+    """A fully resolved case: the unit a plan and a golden describe."""
+
+    model_name: str
+    model: DecoderConfig
+    preset: Preset
+    topology: Topology
+    mesh: tuple[tuple[str, int], ...]
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def mesh_sizes(self) -> dict[str, int]:
+        """Axis name → size."""
+        return dict(self.mesh)
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the mesh uses."""
+        count = 1
+        for _, size in self.mesh:
+            count *= size
+        return count
+
+    @property
+    def axis_types(self) -> str:
+        """ "explicit" or "auto": the type of every mesh axis (the preset's shard mode)."""
+        return "explicit" if self.preset.shard_mode == "explicit" else "auto"
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step: the flavor's (or --set) global batch, else its per-device batch × devices."""
+        return self.model.batch_for(self.num_devices)
+
+
+def get_model(name: str) -> DecoderConfig:
+    """A model flavor by name, with a "did you mean" for typos."""
+    if name not in MODELS:
+        raise unknown_name("model", name, MODELS)
+    return MODELS[name]
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
+    """`--set key=value` pairs into a dict (keys: preset settings and `model.<field>`)."""
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ShardscopeError(f"--set {pair!r}: expected key=value, e.g. --set moe=ring")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def _split_settings(overrides: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(model fields without the `model.` prefix, preset settings); an unknown key fails with the known ones."""
+    known = [f"model.{f}" for f in MODEL_SETTABLE] + list(PRESET_SETTABLE)
+    model: dict[str, str] = {}
+    preset: dict[str, str] = {}
+    for key, value in overrides.items():
+        if key.startswith("model."):
+            if key.removeprefix("model.") not in MODEL_SETTABLE:
+                raise unknown_name("setting", key, known)
+            model[key.removeprefix("model.")] = value
+        elif key in PRESET_SETTABLE:
+            preset[key] = value
+        else:
+            raise unknown_name("setting", key, known)
+    return model, preset
+
+
+def resolve_case(
+    model_name: str,
+    preset: str,
+    topology: str = "cpu-8",
+    mesh: Mapping[str, int] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> Case:
+    """Validates every user input of a case and resolves it (no JAX).
+
+    Raises:
+      ShardscopeError: any unknown name, malformed preset, bad override or mesh that does not fit.
+    """
+    overrides = dict(overrides or {})
+    model = get_model(model_name)
+    resolved_preset = get_preset(preset)
+    topo = get_topology(topology)
+    model_settings, preset_settings = _split_settings(overrides)
+    model = apply_model_settings(model, model_settings)
+    resolved_preset = apply_preset_overrides(resolved_preset, preset_settings)
+    sizes = resolve_mesh(resolved_preset, topo.num_devices, mesh or {})
+    check_model(model_name, model, math.prod(size for _, size in sizes))
+    case = Case(
+        model_name=model_name,
+        model=model,
+        preset=resolved_preset,
+        topology=topo,
+        mesh=sizes,
+        overrides=tuple(sorted(overrides.items())),
+    )
+    _check_pipeline(case)
+    return case
+
+
+def _check_pipeline(case: Case) -> None:
+    """A pipeline over more than one stage must split the main layer stack and the batch evenly."""
+    pipeline = case.preset.pipeline
+    if pipeline is None:
+        return
+    stages = case.mesh_sizes.get(pipeline.stage_axis, 1)
+    if stages == 1:
+        return
+    where = f"preset {case.preset.name}: pipeline over {pipeline.stage_axis}={stages}"
+    if pipeline.repeats != 1:
+        raise ShardscopeError(f"{where}: repeats={pipeline.repeats} (circular pipelines) are not supported; use 1")
+    layers = case.model.num_moe_layers
+    if layers % stages:
+        raise ShardscopeError(
+            f"{where}: the main layer stack of {case.model_name} has {layers} layers, which {stages} stages do not "
+            f"divide; change --mesh {pipeline.stage_axis}=… or --set model.num_layers=…"
+        )
+    if case.global_batch % pipeline.microbatches:
+        raise ShardscopeError(
+            f"{where}: a batch of {case.global_batch} does not split into {pipeline.microbatches} microbatches; "
+            f"change --set pipeline.microbatches=… or model.global_batch=…"
+        )
+    # Inside a stage each microbatch is split like the residual stream's batch (`activation_batch`).
+    micro = case.global_batch // pipeline.microbatches
+    spec = drop_unit_axes(resolve_logical(("activation_batch",), case.preset.logical_axis_rules), case.mesh_sizes)
+    axes = entry_axes(spec[0])
+    ways = math.prod(case.mesh_sizes[axis] for axis in axes)
+    if micro % ways:
+        raise ShardscopeError(
+            f"{where}: a microbatch of {micro} sequences ({case.global_batch} / {pipeline.microbatches}) does not "
+            f"split over {'×'.join(axes)} = {ways} devices; change --set pipeline.microbatches=… or "
+            "model.global_batch=…"
+        )
+
+
+def compiler_options_for(case: Case) -> dict[str, Any]:
+    """CPU options that leave the partitioned program (shardings, collectives) unchanged and compile faster.
+
+    LLVM optimisation level 0 and XLA's classic loop emitters instead of its newer fusion emitters change
+    only how fused loops become machine code; together they cut a tiny model's compile to about a third.
+    The one thing they move is the temp buffer size, by well under the diff's temp tolerance (0.3% on
+    deepseek-tiny); the options are recorded in each plan's provenance.
+    """
+    if case.topology.platform != "cpu":
+        return {}
+    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}

@@ -1,0 +1,109 @@
+"""TPU topologies by the names TPU users write (`v5p-16`, `v6e-8`, `tpu7x-8`, …), compiled for ahead of
+time with libtpu on a host that has no TPU.
+
+Naming follows the product names: for v4, v5p and tpu7x the number counts TensorCores (two per chip),
+for v5e and v6e it counts chips. v4/v5p chips run as one "megacore" device; a tpu7x chip is two devices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import metadata
+
+from shardscope.case.hardware import load_hardware
+from shardscope.errors import ShardscopeError
+
+TPU_EXTRA_HINT = "install the TPU extra: pip install 'shardscope[tpu]'"
+_NAME = re.compile(r"(v4|v5e|v5p|v6e|tpu7x)-(\d+)")
+
+# Standard slice shapes (chips) of 3D-torus and 2D-torus generations.
+_SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8), 256: (4, 8, 8)}
+_SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+
+
+@dataclass(frozen=True)
+class TpuGeneration:
+    """How a TPU generation is named and laid out."""
+
+    libtpu_prefix: str  # the name libtpu's topology descriptions use
+    counts_cores: bool  # product number = TensorCores (2 per chip) rather than chips
+    devices_per_chip: int
+    chip_config: str
+    torus_3d: bool
+
+
+GENERATIONS = {
+    "v4": TpuGeneration("v4", counts_cores=True, devices_per_chip=1, chip_config="megacore", torus_3d=True),
+    "v5p": TpuGeneration("v5", counts_cores=True, devices_per_chip=1, chip_config="megacore", torus_3d=True),
+    "tpu7x": TpuGeneration("tpu7x", counts_cores=True, devices_per_chip=2, chip_config="default", torus_3d=True),
+    "v5e": TpuGeneration("v5e", counts_cores=False, devices_per_chip=1, chip_config="default", torus_3d=False),
+    "v6e": TpuGeneration("v6e", counts_cores=False, devices_per_chip=1, chip_config="default", torus_3d=False),
+}
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """One TPU slice: the arguments libtpu needs to describe it, and its device count."""
+
+    name: str
+    topology_name: str  # e.g. "v5:2x2x2"
+    chip_config: str
+    chips_per_host_bounds: tuple[int, int, int]
+    wrap: tuple[bool, bool, bool]
+    num_devices: int
+
+
+def is_tpu_name(name: str) -> bool:
+    """Whether a topology name has the shape of a TPU product name."""
+    return _NAME.fullmatch(name) is not None
+
+
+def known_tpu_names() -> list[str]:
+    """Every TPU topology name shardscope can describe."""
+    names = []
+    for product, generation in GENERATIONS.items():
+        shapes = _SHAPES_3D if generation.torus_3d else _SHAPES_2D
+        scale = 2 if generation.counts_cores else 1
+        names += [f"{product}-{chips * scale}" for chips in shapes]
+    return names
+
+
+def parse_tpu_slice(name: str) -> TpuSlice:
+    """`v5p-16` → its libtpu description (8 chips as 2x2x2, megacore: 8 devices).
+
+    Raises:
+      ShardscopeError: a TPU generation with a size that is not a standard slice.
+    """
+    match = _NAME.fullmatch(name)
+    if match is None:
+        raise ShardscopeError(f"{name!r} is not a TPU topology name (e.g. v5p-16, v6e-8, tpu7x-8)")
+    product, number = match.group(1), int(match.group(2))
+    generation = GENERATIONS[product]
+    chips = number // 2 if generation.counts_cores else number
+    shapes = _SHAPES_3D if generation.torus_3d else _SHAPES_2D
+    if (generation.counts_cores and number % 2) or chips not in shapes:
+        sizes = ", ".join(n for n in known_tpu_names() if n.startswith(f"{product}-"))
+        raise ShardscopeError(f"topology {name!r}: not a standard {product} slice (known: {sizes})")
+    shape = shapes[chips]
+    # Which dimensions close their rings with wraparound links is the generation's published rule (whole
+    # 4x4x4 cubes on v4/v5p/TPU7x, dimensions of 16 on v5e/v6e), kept with its sources in the hardware table.
+    wrap = (*load_hardware(product).wraps(tuple(shape)), False, False)[:3]
+    host = (1, 1, 1) if chips == 1 else ((2, 4, 1) if chips == 8 and not generation.torus_3d else (2, 2, 1))
+    return TpuSlice(
+        name=name,
+        topology_name=f"{generation.libtpu_prefix}:{'x'.join(map(str, shape))}",
+        chip_config=generation.chip_config,
+        chips_per_host_bounds=host,
+        wrap=(wrap[0], wrap[1], wrap[2]),
+        num_devices=chips * generation.devices_per_chip,
+    )
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version, or None without the TPU extra."""
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return None

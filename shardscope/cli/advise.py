@@ -1,0 +1,120 @@
+"""`shardscope advise MODEL --topology T`: every mesh of the devices over each preset's axes, pruned
+without compiling where it cannot work or cannot fit, the rest compiled (locally or on a Ray cluster) and
+ranked by estimated step time among the plans that fit in HBM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardscope.cli.app import (
+    EfficiencyOption,
+    HardwareOption,
+    JobsOption,
+    JsonOption,
+    NoCacheOption,
+    RayOption,
+    app,
+    compile_backend,
+    fail,
+    make_console,
+)
+from shardscope.errors import ShardscopeError
+
+
+@app.command("advise")
+def advise_command(
+    model: Annotated[str, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`).")],
+    topology: Annotated[str, typer.Option("--topology", "-t", help="cpu-N or a TPU slice (v5p-128, …).")] = "cpu-8",
+    presets: Annotated[
+        list[str] | None, typer.Option("--preset", "-p", help="A preset to search (repeat; all built-ins if none).")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="How many ranked plans to show.")] = 10,
+    mesh: Annotated[
+        str | None,
+        typer.Option("--mesh", help="Hold these axes at these sizes (e.g. data=1,stage=1); the others are searched."),
+    ] = None,
+    settings: Annotated[list[str] | None, typer.Option("--set", help="Override a setting, as for dump.")] = None,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    as_json: JsonOption = False,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Write every compiled plan as CSV here.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the ranking as one HTML page.")] = None,
+    jobs: JobsOption = 0,
+    no_cache: NoCacheOption = False,
+    ray: RayOption = None,
+) -> None:
+    """Ranks the shardings of MODEL on a topology: fastest estimated step among the plans that fit in HBM."""
+    from shardscope.advise.sweep import make_request  # lazy: off the --help path (no JAX)
+
+    try:
+        if top < 1:
+            raise ShardscopeError(f"--top must be at least 1, found {top}")
+        for path, what in ((csv, "--csv"), (html, "--html")):
+            if path is not None:
+                from shardscope.atomic import check_writable  # lazy: off the --help path (no JAX)
+
+                check_writable(path, what)
+        address, workers = compile_backend(ray, jobs)
+        request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
+        advice = _run(request, workers, not no_cache, address)
+    except ShardscopeError as err:
+        fail(err)
+    _write(advice, top, csv, html, as_json)
+
+
+def _run(request, jobs: int, use_cache: bool, address: str | None):
+    """The sweep, with a progress line on a terminal: candidates done / to plan, and the best so far."""
+    # lazy: rich loads only when a table is printed
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from shardscope.advise.sweep import advise
+
+    console = make_console()
+    if not console.is_terminal:
+        return advise(request, jobs, use_cache, address)
+    from shardscope.report.advice import step_text  # lazy: off the --help path (no JAX)
+
+    columns = (
+        TextColumn("planning"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("", total=None)
+
+        def tick(state) -> None:
+            best = f"best so far: {state.best.candidate.key} {step_text(state.best)}" if state.best else "none fits yet"
+            progress.update(task, total=state.total, completed=state.done, description=best)
+
+        return advise(request, jobs, use_cache, address, tick)
+
+
+def _write(advice, top: int, csv: Path | None, html: Path | None, as_json: bool) -> None:
+    from shardscope.atomic import write_atomic  # lazy: off the --help path (no JAX)
+
+    if csv is not None:
+        from shardscope.advise.export import advice_to_csv  # lazy: off the --help path (no JAX)
+
+        write_atomic(csv, advice_to_csv(advice))
+    if html is not None:
+        from shardscope.report.advice import render_advice_html  # lazy: off the --help path (no JAX)
+
+        write_atomic(html, render_advice_html(advice, top))
+    if as_json:
+        from shardscope.advise.export import advice_to_json  # lazy: off the --help path (no JAX)
+
+        typer.echo(json.dumps(advice_to_json(advice), indent=2, sort_keys=True))
+        return
+    from shardscope.report.advice import advice_renderable  # lazy: off the --help path (no JAX)
+
+    console = make_console()
+    console.print(advice_renderable(advice, top))
+    for path, what in ((csv, "CSV"), (html, "HTML")):
+        if path is not None:
+            console.print(f"{what} written to {path}")

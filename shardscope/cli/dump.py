@@ -1,0 +1,149 @@
+"""`shardscope dump MODEL --preset P`: one case planned (or `--step` a program of one's own); its summary with
+what it costs, the plan JSON with `-o`, its tables with `--csv`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardscope.cli.app import (
+    EfficiencyOption,
+    HardwareOption,
+    JsonOption,
+    MeshOption,
+    NoCacheOption,
+    OutputOption,
+    PresetOption,
+    SlicesOption,
+    app,
+    check_writable,
+    fail,
+    make_console,
+    quiet_compiler_logs,
+    write_output,
+)
+from shardscope.errors import ShardscopeError
+
+
+@app.command("dump")
+def dump_command(
+    model: Annotated[
+        str | None, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`); or use --step.")
+    ] = None,
+    preset: PresetOption = "default",
+    topology: Annotated[str, typer.Option("--topology", "-t", help="cpu-N (N fake CPU devices).")] = "cpu-8",
+    mesh: MeshOption = None,
+    slices: SlicesOption = 1,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a setting: moe=ring, pipeline.microbatches=4, model.seq_len=64."),
+    ] = None,
+    output: OutputOption = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Also write tensors.csv and collectives.csv into this directory.")
+    ] = None,
+    as_json: JsonOption = False,
+    tensors_only: Annotated[
+        bool,
+        typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
+    ] = False,
+    no_cache: NoCacheOption = False,
+    hardware: HardwareOption = None,
+    efficiency: EfficiencyOption = None,
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step",
+            help="Your own program: module:function returning (jitted step, args, mesh); see the README.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The plan's name for --step (default: the function's).")
+    ] = None,
+) -> None:
+    """Compile one case and print its plan summary with what it costs; write the plan JSON with -o."""
+    # lazy: validation loads no JAX, so a wrong input fails in milliseconds; planning loads it afterwards
+    from shardscope.case.presets import absent_rule_axes
+    from shardscope.case.resolve import parse_overrides, resolve_case
+    from shardscope.case.topology import get_topology, parse_mesh_arg, with_slices
+    from shardscope.cost.price import check_pricing, price_plan
+
+    case = None
+    try:
+        topology = with_slices(topology, slices)
+        check_model_or_step(model, step, preset, mesh, settings, tensors_only)
+        if model is not None:
+            case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
+        check_writable((output, "-o"), (None if csv is None else csv / "tensors.csv", "--csv"))
+        if case is not None:
+            check_pricing(case.topology.name, case.mesh, hardware, efficiency)
+        quiet_compiler_logs()
+        from shardscope.golden.planning import plan_resolved_case  # lazy: a cache miss loads JAX
+        from shardscope.stages.user_step import parse_step_ref
+
+        if case is None:
+            from shardscope.golden.pipeline import plan_step_ref  # lazy: loads JAX
+
+            planned = plan_step_ref(parse_step_ref(step or ""), get_topology(topology), name)
+        else:
+            planned = plan_resolved_case(case, tensors_only, use_cache=not no_cache)
+        plan = price_plan(planned, hardware, efficiency)
+    except ShardscopeError as err:
+        fail(err)
+    if csv is not None:
+        from shardscope.atomic import write_atomic  # lazy: off the --help path
+
+        write_atomic(csv / "tensors.csv", plan.tensors_frame().to_csv(index=False))
+        write_atomic(csv / "collectives.csv", plan.collectives_frame().to_csv(index=False))
+    if write_output(plan, output):
+        return
+    if as_json:
+        from shardscope.plan.json import plan_to_json  # lazy: off the --help path
+
+        typer.echo(plan_to_json(plan), nl=False)
+        return
+    from shardscope.report.terminal import plan_summary  # lazy: off the --help path
+
+    console = make_console()
+    console.print(plan_summary(plan))
+    absent = absent_rule_axes(case.preset) if case is not None else ()
+    if absent:
+        console.print(
+            f"note: the rules name mesh axes that mesh_axes lacks ({', '.join(absent)}): size 1, as MaxText "
+            "treats them, so they shard nothing"
+        )
+    for label, path in (("plan", output), ("tables", csv)):
+        if path is not None:
+            console.print(f"{label} written to {path}")
+
+
+def check_model_or_step(
+    model: str | None,
+    step: str | None,
+    preset: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    tensors_only: bool,
+) -> None:
+    """A reference model or --step, never both; a step brings its own mesh and shardings.
+
+    Raises:
+      ShardscopeError: neither or both, or an option a step does not take.
+    """
+    if (model is None) == (step is None):
+        raise ShardscopeError("dump needs a model name or --step module:function (one of them)")
+    if step is not None:
+        given = [
+            option
+            for option, value in (
+                ("--preset", preset != "default"),
+                ("--mesh", mesh),
+                ("--set", settings),
+                ("--tensors-only", tensors_only),
+            )
+            if value
+        ]
+        if given:
+            raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")

@@ -1,0 +1,124 @@
+"""The records of a diff: each change (its kind an Enum), its per-dimension and per-field details, and the
+whole `PlanDiff` a report needs. Plain, JSON-able values only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardscope.case.rules import SpecEntry
+from shardscope.diff.frames import collective_changes_frame, tensor_changes_frame
+from shardscope.diff.kinds import ChangeKind
+from shardscope.plan.estimate import Estimate
+from shardscope.plan.findings import Finding
+from shardscope.plan.records import CaseRecord, CollectiveRow, TensorRecord
+from shardscope.plan.totals import TrafficTotals
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# `temp_bytes` is the scratch space XLA's buffer assignment chose; it depends on fusion and scheduling
+# heuristics that may read the host (CPU features, thread count), so it can differ slightly between two
+# machines of one kind even though it repeats exactly on one machine. 2% absorbs such noise while a real
+# change still stands out (default → ep-as-cp moves it by 7% for deepseek-tiny).
+DEFAULT_TEMP_TOLERANCE = 0.02
+TOLERANT_MEMORY_FIELDS = ("temp_bytes",)
+
+# Compiled work figures that follow fusion decisions, compared with the temp_bytes tolerance.
+TOLERANT_COMPUTE_FIELDS = ("bytes_accessed",)
+
+# The identity of a collective row: (op, axes, groups, dtype, shape, pass, source, shift).
+CollectiveKey = tuple[str, tuple[str, ...] | None, str | None, str, tuple[int, ...], str, str, int | None]
+
+
+@dataclass(frozen=True)
+class DimChange:
+    """One tensor dimension whose spec entry changed."""
+
+    dim: int
+    logical: str | None
+    before: SpecEntry
+    after: SpecEntry
+    axes_added: tuple[str, ...]
+    axes_dropped: tuple[str, ...]  # both empty: the same axes in another order (another device layout)
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """A field that moved: a tensor's shape or bytes per device, a collective's count, ..."""
+
+    field: str
+    before: Any
+    after: Any
+
+
+Detail = DimChange | FieldChange
+
+
+@dataclass(frozen=True)
+class Change:
+    """One semantic difference between two plans.
+
+    `before`/`after` are plain values (None on the side where the subject is absent): the tensor as its
+    JSON dict, the aggregated collective row as a dict, a memory or case field's value.
+    """
+
+    kind: ChangeKind
+    subject: str
+    before: Any
+    after: Any
+    details: tuple[Detail, ...] = ()
+
+    @property
+    def dims(self) -> tuple[DimChange, ...]:
+        """The per-dimension spec changes among the details."""
+        return tuple(d for d in self.details if isinstance(d, DimChange))
+
+    @property
+    def fields(self) -> tuple[FieldChange, ...]:
+        """The field changes among the details."""
+        return tuple(d for d in self.details if isinstance(d, FieldChange))
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    """Everything a report needs: the changes, and the totals of both sides for the headline."""
+
+    old_case: CaseRecord
+    new_case: CaseRecord
+    changes: tuple[Change, ...]
+    totals_before: TrafficTotals
+    totals_after: TrafficTotals
+    memory_before: tuple[tuple[str, int], ...]
+    memory_after: tuple[tuple[str, int], ...]
+    kinds_before: tuple[tuple[str, int, int], ...]  # (tensor kind, count, bytes per device)
+    kinds_after: tuple[tuple[str, int, int], ...]
+    unchanged_tensors: tuple[tuple[str, TensorRecord], ...]
+    unchanged_collectives: tuple[CollectiveRow, ...]
+    temp_tolerance: float
+    notes: tuple[str, ...] = field(default=())  # e.g. a temp_bytes move within tolerance
+    # Shown to explain a diff (a new JAX version), never compared.
+    provenance_before: tuple[tuple[str, Any], ...] = field(default=())
+    provenance_after: tuple[tuple[str, Any], ...] = field(default=())
+    unchanged_findings: tuple[Finding, ...] = field(default=())  # lint findings both plans hold
+    # Both plans priced on one target (`shardscope.cost.price`), or None when neither has one; shown, and
+    # never part of the verdict: an estimate is derived from what is compared above.
+    cost_before: Estimate | None = None
+    cost_after: Estimate | None = None
+
+    @property
+    def same(self) -> bool:
+        """No difference outside provenance (and outside the stated temp_bytes tolerance)."""
+        return not self.changes
+
+    def of_kind(self, *kinds: str) -> tuple[Change, ...]:
+        """The changes of the given kinds, in diff order."""
+        return tuple(c for c in self.changes if c.kind in kinds)
+
+    def tensor_changes_frame(self) -> pd.DataFrame:
+        """The tensor changes as a pandas DataFrame (see `shardscope.diff.frames.tensor_changes_frame`)."""
+        return tensor_changes_frame(self)
+
+    def collective_changes_frame(self) -> pd.DataFrame:
+        """The collective changes as a pandas DataFrame (see `shardscope.diff.frames.collective_changes_frame`)."""
+        return collective_changes_frame(self)

@@ -1,0 +1,57 @@
+"""A diff as pandas tables: one row per tensor change and one per collective change."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, TENSOR_CHANGE_KINDS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from shardscope.diff.changes import PlanDiff
+
+
+def tensor_changes_frame(diff: PlanDiff) -> pd.DataFrame:
+    """One row per tensor that changed: path, kind of change, kind of tensor, spec and bytes before/after."""
+    import pandas as pd  # lazy: pandas loads on first use
+
+    rows = []
+    for change in diff.of_kind(*TENSOR_CHANGE_KINDS):
+        before, after = change.before or {}, change.after or {}
+        rows.append(
+            {
+                "path": change.subject,
+                "change": change.kind,
+                "kind": (after or before).get("kind"),
+                "spec_before": before.get("spec"),
+                "spec_after": after.get("spec"),
+                "bytes_before": before.get("bytes_per_device"),
+                "bytes_after": after.get("bytes_per_device"),
+                "dims": "; ".join(f"dim {d.dim} +{d.axes_added} -{d.axes_dropped}" for d in change.dims),
+            }
+        )
+    columns = ["path", "change", "kind", "spec_before", "spec_after", "bytes_before", "bytes_after", "dims"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def collective_changes_frame(diff: PlanDiff) -> pd.DataFrame:
+    """One row per collective row added, removed or changed, with its traffic before and after."""
+    import pandas as pd  # lazy: pandas loads on first use
+
+    rows = []
+    for change in diff.of_kind(*COLLECTIVE_CHANGE_KINDS):
+        side = change.after if change.after is not None else change.before
+        rows.append(
+            {
+                "change": change.kind,
+                "op": side["op"],
+                "axes": side.get("axes_label"),
+                "pass": side["pass"],
+                "source": side["source"],
+                "traffic_before": (change.before or {}).get("traffic"),
+                "traffic_after": (change.after or {}).get("traffic"),
+            }
+        )
+    columns = ["change", "op", "axes", "pass", "source", "traffic_before", "traffic_after"]
+    return pd.DataFrame(rows, columns=columns)

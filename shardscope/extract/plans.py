@@ -1,0 +1,134 @@
+"""Compiled (or traced) step → Plan: its tensors, the collectives of its compiled HLO, the compiler's memory
+figures and the step's work per device; and the same for any compiled JAX function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from reference_models.sharding import is_explicit
+from shardscope.case.resolve import Case
+from shardscope.case.topology import DCN_AXIS
+from shardscope.case.tpu import libtpu_version
+from shardscope.extract.collectives import extract_collectives
+from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
+from shardscope.hlo.module import read_module
+from shardscope.hlo.records import Module
+from shardscope.hlo.work import step_work
+from shardscope.plan.document import Plan
+from shardscope.plan.records import SCHEMA, TENSORS_ONLY, CaseRecord, case_record
+from shardscope.stages.compile import CompiledStep, TracedStep
+
+
+def _memory(compiled: Any) -> tuple[tuple[str, int], ...]:
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return ()
+    return tuple(
+        sorted(
+            {
+                "argument_bytes": int(analysis.argument_size_in_bytes),
+                "output_bytes": int(analysis.output_size_in_bytes),
+                "alias_bytes": int(analysis.alias_size_in_bytes),
+                "temp_bytes": int(analysis.temp_size_in_bytes),
+            }.items()
+        )
+    )
+
+
+def provenance(platform: str, compiler_options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Versions and backend: informational, never part of a diff verdict."""
+    import flax  # lazy: versions read only when a plan is made
+    import jaxlib
+    import optax
+
+    return tuple(
+        sorted(
+            {
+                "jax": jax.__version__,
+                "jaxlib": jaxlib.__version__,
+                "flax": flax.__version__,
+                "optax": optax.__version__,
+                "backend": platform,
+                "libtpu": libtpu_version() if platform == "tpu" else None,
+                "compiler_options": dict(sorted(compiler_options.items())),
+            }.items()
+        )
+    )
+
+
+def slice_mesh(case: Case) -> tuple[tuple[str, int], ...]:
+    """The mesh one compiled module's device groups refer to.
+
+    A program for several TPU slices is compiled per slice: its replica groups number one slice's devices,
+    and traffic between slices travels as host transfers (send/recv), which are not collectives here.
+    """
+    slices = case.topology.slices
+    if slices == 1:
+        return case.mesh
+    return tuple((axis, size // slices if axis == DCN_AXIS else size) for axis, size in case.mesh)
+
+
+def compute_of(module: Module) -> tuple[tuple[str, int], ...]:
+    """The plan's `compute` section: per-device FLOPs and bytes accessed per step (`shardscope.hlo.work`),
+    and how many computations ran an unknown number of times (left out, so the figures are a floor)."""
+    work = step_work(module)
+    unknown = (("unknown_computations", work.unknown_computations),) if work.unknown_computations else ()
+    return tuple(sorted(work.as_compute() + unknown))
+
+
+def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
+    """The plan of a compiled step, given the text of its compiled HLO module."""
+    case = step.case
+    module = read_module(hlo_text)
+    return Plan(
+        case=case_record(case),
+        provenance=provenance(case.topology.platform, step.compiler_options),
+        tensors=step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
+        collectives=extract_collectives(module, slice_mesh(case)),
+        memory=_memory(step.compiled),
+        schema=SCHEMA,
+        compute=compute_of(module),
+    )
+
+
+def extract_tensors_plan(step: TracedStep) -> Plan:
+    """The tensors-only plan of a traced step: every tensor's sharding, no collectives or memory."""
+    case = step.case
+    return Plan(
+        case=case_record(case),
+        provenance=provenance(case.topology.platform, {}),
+        tensors=step_tensors(step, step.out_info),
+        schema=SCHEMA,
+        parts=TENSORS_ONLY,
+    )
+
+
+def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_text: str | None = None) -> Plan:
+    """The plan of any compiled JAX function: its inputs, outputs, collectives and memory.
+
+    For golden tests of a project's own jitted functions (see the pytest plugin); `name` becomes the
+    case's model and preset.
+    """
+    sizes = {str(axis): int(size) for axis, size in mesh.shape.items()}
+    tensors = input_tensors(compiled, sizes)
+    tensors.update(output_tensors(compiled.out_info, sizes, {}, train_step=False))
+    explicit = is_explicit(mesh)
+    devices = mesh.devices.flat[0]
+    module = read_module(hlo_text or compiled.as_text())
+    return Plan(
+        case=CaseRecord(
+            model=name,
+            preset=name,
+            topology=f"{devices.platform}-{mesh.size}",
+            mesh=tuple(sizes.items()),
+            axis_types="explicit" if explicit else "auto",
+        ),
+        provenance=provenance(devices.platform, {}),
+        tensors=tuple(sorted(tensors.items())),
+        collectives=extract_collectives(module, tuple(sizes.items())),
+        memory=_memory(compiled),
+        schema=SCHEMA,
+        compute=compute_of(module),
+    )

@@ -1,0 +1,105 @@
+"""Dumping many cases: validation up front, then compiles spread over worker processes (or a Ray cluster).
+
+XLA compiles one program on roughly one core, so a matrix of cases finishes sooner on a pool of
+processes, each of which starts JAX once with a device pool big enough for every case.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+
+from shardscope.case.resolve import Case
+from shardscope.cost.price import price_plan, target_for
+from shardscope.golden.cache import case_key, load_plan_text, store
+from shardscope.golden.cases import GoldenCase
+from shardscope.golden.ray_pool import compile_on_ray
+from shardscope.golden.worker import DumpResult, StepCase, dump_one, resolve_golden_case, start_worker
+from shardscope.plan.json import plan_from_json, plan_to_json
+
+
+def priced(case: GoldenCase, plan_json: str) -> str:
+    """A case's plan JSON with its `estimate` section (a TPU case, or one that names its hardware).
+
+    The plan cache holds plans unpriced, so a change of hardware table or efficiency never needs a compile.
+    """
+    if case.hardware is None and target_for(case.topology, None) is None:
+        return plan_json
+    plan = plan_from_json(plan_json, case.case_id)
+    return plan_to_json(price_plan(plan, case.hardware, case.efficiency))
+
+
+def _expected_cost(case: Case | StepCase) -> float:
+    """A rough relative compile cost, for scheduling only: layers traced, pipelines and TPU compiles."""
+    if isinstance(case, StepCase):
+        return 1.0
+    cost = float(case.model.num_layers + case.model.first_dense_layers)
+    if case.preset.pipeline is not None and case.mesh_sizes.get(case.preset.pipeline.stage_axis, 1) > 1:
+        cost *= 4
+    if case.topology.platform == "tpu":
+        cost *= 2
+    return cost
+
+
+def default_jobs() -> int:
+    """One worker per core."""
+    return max(1, os.cpu_count() or 1)
+
+
+def dump_cases(
+    cases: Sequence[GoldenCase], jobs: int, use_cache: bool = True, ray: str | None = None
+) -> Iterator[DumpResult]:
+    """Plans every case, yielding results as they finish (in any order).
+
+    Cases are validated first, so a wrong name or mesh fails before anything compiles. A case whose
+    inputs are all unchanged comes from the plan cache (see `shardscope.cache`) without compiling; the
+    rest are compiled — by `jobs` local processes, or on the Ray cluster at `ray` (`jobs` actors there,
+    0: one per CPU of the cluster) — and cached as each finishes, so an interrupted run resumes where it
+    stopped.
+    """
+    resolved = [resolve_golden_case(case) for case in cases]
+    # A program of one's own is never cached: its source is outside what the cache key can see.
+    keys = [case_key(c) if use_cache and isinstance(c, Case) else None for c in resolved]
+    pending: list[int] = []
+    for index, key in enumerate(keys):
+        cached = load_plan_text(key) if key is not None else None
+        if cached is not None:
+            yield DumpResult(cases[index], priced(cases[index], cached), cached=True)
+        else:
+            pending.append(index)
+    for result in _compile_cases([cases[i] for i in pending], [resolved[i] for i in pending], jobs, ray):
+        key = keys[cases.index(result.case)]
+        if result.plan_json is None:
+            yield result
+            continue
+        if key is not None:
+            store(key, result.plan_json)
+        yield DumpResult(result.case, priced(result.case, result.plan_json))
+
+
+def _compile_cases(
+    cases: Sequence[GoldenCase], resolved: Sequence[Case | StepCase], jobs: int, ray: str | None
+) -> Iterator[DumpResult]:
+    if not cases:
+        return
+    devices = max(c.topology.num_devices if c.topology.platform == "cpu" else 1 for c in resolved)
+    # Longest first (pipelines, then DeepSeek, then the rest), so no long compile starts last.
+    order = sorted(range(len(cases)), key=lambda i: -_expected_cost(resolved[i]))
+    if ray is not None:
+        yield from compile_on_ray(ray, [cases[i] for i in order], devices, jobs)
+        return
+    if jobs <= 1 or len(cases) == 1:
+        start_worker(devices)
+        for case in cases:
+            yield dump_one(case)
+        return
+    # "spawn": a forked child would inherit the parent's JAX state, if it has any.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(jobs, len(cases)), mp_context=context, initializer=start_worker, initargs=(devices,)
+    ) as pool:
+        futures = [pool.submit(dump_one, cases[i]) for i in order]
+        for future in concurrent.futures.as_completed(futures):
+            yield future.result()

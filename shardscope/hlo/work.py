@@ -1,0 +1,223 @@
+"""Per-device work of a compiled step, counted from its HLO: FLOPs and bytes of HBM accessed per step.
+
+XLA's own figure (`compiled.cost_analysis()`) counts each instruction once, so a model whose layers are a
+scanned loop reports one layer's work whatever the number of layers. Here every instruction is counted as
+XLA's `HloCostAnalysis` counts one execution of it, times how many times its computation runs per step
+(`shardscope.hlo.executions`: loop trips, calls, fusions):
+
+- FLOPs: a dot or convolution as `shardscope.cost.flops` counts it (two per multiply-add); an elementwise
+  arithmetic op one per element of its result; a reduce one per element folded away. Transcendental ops
+  (exp, log, tanh, …) are not FLOPs, as in XLA. Ops inside fused computations count: a fusion runs them.
+- Bytes accessed: what each instruction of a computation that runs on its own (not a fused one) reads and
+  writes: its operands and its result. A fusion reads its operands and writes its result once, whatever it
+  does inside, which is why fusion exists. Ops that move no data (parameters, bitcasts, loop and call
+  boundaries, the `-done` halves of async pairs) access nothing; a tuple writes its pointers; a slice
+  reads only the slice and an in-place dynamic update writes only the update.
+
+A computation whose executions are unknown (a loop whose trip count cannot be derived) is left out and
+counted in `unknown_computations`, so a caller can tell a complete figure from a floor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardscope.hlo.executions import Program
+from shardscope.hlo.flops import convolution_flops, dot_flops, parse_window
+from shardscope.hlo.metadata import split_outside_brackets
+from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module
+from shardscope.hlo.shapes import shape_info
+
+__all__ = ["StepWork", "instruction_flops", "step_work"]
+
+# One FLOP per result element: XLA's HandleElementwiseOp, for every opcode it does not call transcendental.
+ELEMENTWISE = frozenset(
+    {"add", "subtract", "multiply", "divide", "maximum", "minimum", "remainder", "negate", "abs", "sign"}
+    | {"compare", "select", "clamp", "and", "or", "xor", "not", "floor", "ceil", "round-nearest-afz"}
+    | {"round-nearest-even", "shift-left", "shift-right-arithmetic", "shift-right-logical", "is-finite"}
+    | {"convert", "reduce-precision", "popcnt", "count-leading-zeros", "real", "imag", "complex"}
+)
+# Ops that move no bytes of their own: names, views and boundaries whose callees do the work.
+NO_ACCESS = frozenset(
+    {"parameter", "constant", "get-tuple-element", "bitcast", "while", "call", "conditional"}
+    | {"after-all", "add-dependency", "partition-id", "replica-id", "opt-barrier", "domain"}
+)
+
+# A tuple holds pointers to its elements: building one writes only those.
+POINTER_BYTES = 8
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """FLOPs and HBM bytes accessed by one device in one step."""
+
+    flops: int
+    bytes_accessed: int
+    # Computations whose executions per step are unknown: left out, so the figures are a floor.
+    unknown_computations: int = 0
+    matmul_flops: int = 0  # the part of `flops` in dots and convolutions (the matrix units' share)
+
+    def as_compute(self) -> tuple[tuple[str, int], ...]:
+        """The plan's `compute` section: sorted (name, value) pairs."""
+        return (("bytes_accessed", self.bytes_accessed), ("flops", self.flops))
+
+
+def _dims(shape: str) -> tuple[int, ...]:
+    return shape_info(shape)[1]
+
+
+def _elements(shape: str) -> int:
+    count = 1
+    for d in _dims(shape):
+        count *= d
+    return count
+
+
+def _int_list(text: str | None) -> list[int]:
+    return [int(v) for v in (text or "").strip("{} ").split(",") if v.strip()]
+
+
+def instruction_flops(instruction: Instruction, operand_shapes: Sequence[str], reducer_flops: int = 1) -> int:
+    """FLOPs of one execution of an instruction, given its operands' shapes (0 for ops that do none).
+
+    `reducer_flops` is what one application of a reduce's `to_apply` computation costs (1 for a sum).
+    """
+    opcode = instruction.opcode
+    if opcode == "dot" and operand_shapes:
+        contracting = _int_list(instruction.attribute("lhs_contracting_dims"))
+        return dot_flops(_dims(instruction.shape), _dims(operand_shapes[0]), contracting)
+    if opcode == "convolution" and len(operand_shapes) >= 2:
+        return convolution_flops(
+            _dims(operand_shapes[0]),
+            _dims(operand_shapes[1]),
+            _dims(instruction.shape),
+            parse_window(instruction.attribute("window") or ""),
+            instruction.attribute("dim_labels") or "",
+            int(instruction.attribute("feature_group_count") or 1),
+            int(instruction.attribute("batch_group_count") or 1),
+        )
+    if opcode in ELEMENTWISE:
+        return _elements(instruction.shape)
+    if opcode == "reduce" and operand_shapes:
+        # The reducer is applied once per element folded away (a variadic reduce's results share dims).
+        return max(_elements(operand_shapes[0]) - _elements(instruction.shape), 0) * reducer_flops
+    return 0
+
+
+def instruction_bytes(instruction: Instruction, operand_shapes: Sequence[str]) -> int:
+    """Bytes one execution of an instruction reads and writes in HBM (0 for ops that move none)."""
+    opcode = instruction.opcode
+    if opcode in NO_ACCESS or opcode.endswith(ASYNC_ENDS):
+        return 0
+    if opcode == "tuple":
+        return POINTER_BYTES * len(split_outside_brackets(instruction.shape.strip()[1:-1], ","))
+    result = shape_info(instruction.shape)[2]
+    if opcode in ("dynamic-slice", "slice"):
+        return 2 * result  # reads the slice, writes it
+    if opcode == "dynamic-update-slice" and len(operand_shapes) >= 2:
+        return 2 * shape_info(operand_shapes[1])[2]  # in place: reads and writes the update only
+    return result + sum(shape_info(s)[2] for s in operand_shapes)
+
+
+def _fused(program: Program, runs: Mapping[str, int | None]) -> set[str]:
+    """Computations that run inside a fusion (their bytes are the fusion's)."""
+    fused: set[str] = set()
+    for name in runs:
+        for instruction in program.instructions(name):
+            if instruction.opcode == "fusion":
+                fused.update(callee for attribute, callee in instruction.callees() if attribute == "calls")
+    return fused
+
+
+def _parameter_read_bytes(parameter: Instruction, users: Sequence[Instruction]) -> int:
+    """Bytes a fusion reads of one operand, from how the fused code uses its parameter (XLA's
+    `FusionParameterReadBytes`): a slice reads its slice; a dynamic update never reads the buffer it updates;
+    a broadcast or reshape reads the whole operand each; every other use shares one read of it."""
+    whole = shape_info(parameter.shape)[2]
+    size = 0
+    shared_read = False
+    for user in users:
+        first = user.operands[:1] == (parameter.name,)
+        if user.opcode == "slice" or (user.opcode == "dynamic-slice" and first):
+            size += shape_info(user.shape)[2]
+        elif user.opcode == "dynamic-update-slice" and first:
+            continue
+        elif user.opcode in ("broadcast", "reshape"):
+            size += whole
+        elif not shared_read:
+            shared_read = True
+            size += whole
+    return size
+
+
+def _written_bytes(result: Instruction, by_name: Mapping[str, Instruction]) -> int:
+    """Bytes a fusion writes for one result: an in-place dynamic update writes only its update."""
+    if result.opcode == "dynamic-update-slice" and len(result.operands) > 1 and result.operands[1] in by_name:
+        return shape_info(by_name[result.operands[1]].shape)[2]
+    return shape_info(result.shape)[2]
+
+
+def fusion_bytes(program: Program, fusion: Instruction, operand_shapes: Sequence[str]) -> int:
+    """Bytes a fusion reads and writes: each operand as far as the fused code reads it, and its results."""
+    called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
+    inner = program.instructions(called[0]) if called else ()
+    if not inner:
+        return instruction_bytes(fusion, operand_shapes)
+    by_name = {i.name: i for i in inner}
+    users: dict[str, list[Instruction]] = {}
+    for i in inner:
+        for operand in dict.fromkeys(i.operands):
+            users.setdefault(operand, []).append(i)
+    read = sum(_parameter_read_bytes(i, users.get(i.name, [])) for i in inner if i.opcode == "parameter")
+    root = next((i for i in inner if i.is_root), inner[-1])
+    results = [by_name[o] for o in root.operands if o in by_name] if root.opcode == "tuple" else [root]
+    return read + sum(_written_bytes(result, by_name) for result in results)
+
+
+def _reducer_flops(program: Program, reduce: Instruction) -> int:
+    """FLOPs of one application of a reduce's `to_apply` computation (scalar ops: one each)."""
+    applied = [callee for attribute, callee in reduce.callees() if attribute == "to_apply"]
+    if not applied:
+        return 1
+    instructions = program.instructions(applied[0])
+    shapes = {i.name: i.shape for i in instructions}
+    return max(1, sum(instruction_flops(i, [shapes.get(o, "") for o in i.operands]) for i in instructions))
+
+
+def step_work(module: Module) -> StepWork:
+    """FLOPs and bytes accessed per step by one device running `module` (see the module docstring)."""
+    program = Program(module)
+    runs = program.executions_per_step()
+    fused = _fused(program, runs)
+    flops = 0
+    matmul = 0
+    accessed = 0
+    unknown = 0
+    for name, count in runs.items():
+        if count is None:
+            unknown += 1
+            continue
+        if count == 0:
+            continue
+        shapes = program.shapes(name)
+        one_flops = 0
+        one_matmul = 0
+        one_bytes = 0
+        for instruction in program.instructions(name):
+            operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
+            reducer = _reducer_flops(program, instruction) if instruction.opcode == "reduce" else 1
+            flops_here = instruction_flops(instruction, operand_shapes, reducer)
+            one_flops += flops_here
+            if instruction.opcode in ("dot", "convolution"):
+                one_matmul += flops_here
+            if name in fused:
+                continue
+            if instruction.opcode == "fusion":
+                one_bytes += fusion_bytes(program, instruction, operand_shapes)
+            else:
+                one_bytes += instruction_bytes(instruction, operand_shapes)
+        flops += count * one_flops
+        matmul += count * one_matmul
+        accessed += count * one_bytes
+    return StepWork(flops=flops, bytes_accessed=accessed, unknown_computations=unknown, matmul_flops=matmul)

@@ -1,0 +1,114 @@
+"""What a plan costs on a target TPU, as records: the plan's `estimate` section (DESIGN §8).
+
+`shardscope.cost` computes them from a plan and a hardware table; `shardscope.plan.estimate_json` writes
+and reads them. Derived figures (step bounds, the roofline, memory totals) are properties, never stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardscope.plan.records import CollectiveRow
+
+# Where a memory need comes from: the TPU compiler's own figures, or the tensors' estimate (a floor).
+EXACT = "tpu compiler"
+ESTIMATED = "estimated from tensors (named tensors only)"
+
+
+@dataclass(frozen=True)
+class ComputeTime:
+    """Roofline time of a device's FLOPs and HBM traffic."""
+
+    flops: float | None
+    bytes_accessed: float | None
+    flops_seconds: float  # at peak bf16 FLOP/s
+    memory_seconds: float  # at peak HBM bandwidth
+
+    @property
+    def seconds(self) -> float:
+        """The roofline: whichever of compute and memory traffic takes longer."""
+        return max(self.flops_seconds, self.memory_seconds)
+
+    @property
+    def bound(self) -> str:
+        """ "compute" or "memory": which side of the roofline the step is on."""
+        return "compute" if self.flops_seconds >= self.memory_seconds else "memory"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """HBM bytes per device by category, their total, and the capacity they must fit."""
+
+    categories: tuple[tuple[str, int], ...]
+    capacity: int
+    source: str  # EXACT or ESTIMATED
+
+    @property
+    def total(self) -> int:
+        """The per-device need: the sum of the categories."""
+        return sum(size for _, size in self.categories)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the total is the TPU compiler's own figure."""
+        return self.source == EXACT
+
+    @property
+    def fits(self) -> bool:
+        """Whether the need fits the device's HBM."""
+        return self.total <= self.capacity
+
+    @property
+    def over(self) -> int:
+        """Bytes beyond capacity (0 when it fits)."""
+        return max(0, self.total - self.capacity)
+
+
+@dataclass(frozen=True)
+class RowTime:
+    """The estimated time of one collective row per step."""
+
+    seconds: float | None  # (latency + transfer / efficiency) × count × loop_trips; None: unpriced
+    latency: float  # one execution
+    transfer: float  # one execution at the full modelled bandwidth
+    unpriced: str | None = None  # why there is no time
+
+
+@dataclass(frozen=True)
+class PricedRow:
+    """A row the plan does not hold (traffic between slices), with its time."""
+
+    row: CollectiveRow
+    time: RowTime
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a plan costs on one target: communication, compute, step bounds and memory."""
+
+    hardware: str
+    slice_shape: tuple[int, ...]
+    slices: int
+    layout_source: str  # "devices" or "standard slice"
+    efficiency: float
+    efficiency_source: str  # "hardware table" or "caller"
+    figures_source: str
+    rows: tuple[RowTime, ...]  # aligned with plan.collectives
+    cross_slice: tuple[PricedRow, ...]
+    by_axes: tuple[tuple[str, float], ...]
+    by_op: tuple[tuple[str, float], ...]
+    by_pass: tuple[tuple[str, float], ...]
+    communication: float  # seconds per step, every priced row
+    unpriced_rows: int
+    compute: ComputeTime
+    memory: MemoryEstimate
+
+    @property
+    def step_no_overlap(self) -> float:
+        """Upper bound: compute, then every collective, one after another."""
+        return self.compute.seconds + self.communication
+
+    @property
+    def step_full_overlap(self) -> float:
+        """Lower bound: communication entirely hidden behind compute (or the reverse)."""
+        return max(self.compute.seconds, self.communication)

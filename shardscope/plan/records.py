@@ -1,0 +1,133 @@
+"""The rows of a plan: where one tensor lives, one distinct collective, the case header; schema constants.
+
+No JAX objects live here; `shardscope.plan.json` writes and reads them (canonical JSON).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope.case.resolve import Case
+from shardscope.case.rules import Spec, shard_shape
+
+SCHEMA = "shardscope.plan/1"
+SCHEMA_FAMILY = "shardscope.plan/"
+SCHEMA_VERSION = 1
+TENSOR_KINDS = ("param", "opt_state", "input", "activation", "output")
+PASSES = ("forward", "backward", "optimizer", "other")
+# What a plan can hold. A plan made without compiling (`dump --tensors-only`) holds tensors only; the JSON
+# lists its parts only when they are not all of them, so full plans read and write as before.
+PARTS = ("tensors", "collectives", "memory")
+TENSORS_ONLY = ("tensors",)
+_NUMBER = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """Where one tensor lives: its logical axes, physical spec and per-device footprint."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    logical: tuple[str | None, ...] | None
+    spec: Spec
+    shard_shape: tuple[int, ...]
+    bytes_per_device: int
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    """One distinct collective of the compiled step; total traffic = bytes × count × loop_trips."""
+
+    op: str
+    axes: tuple[str, ...] | None  # None: the device groups match no set of mesh axes (see `groups`)
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int  # per device per execution
+    count: int
+    loop_trips: int | None  # None: an enclosing loop's trip count is unknown
+    pass_: str
+    source: str
+    groups: str | None = None
+    shift: int | None = None
+
+    @property
+    def traffic(self) -> int | None:
+        """bytes × count × loop_trips (None when a trip count is unknown)."""
+        return None if self.loop_trips is None else self.bytes * self.count * self.loop_trips
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """What was planned: the case header of a plan."""
+
+    model: str
+    preset: str
+    topology: str
+    mesh: tuple[tuple[str, int], ...]
+    axis_types: str
+    overrides: tuple[tuple[str, str], ...] = ()
+
+
+def tensor_record(
+    kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
+) -> TensorRecord:
+    """A tensor's record, with its per-device shard shape and bytes (ceil division: XLA pads uneven shards)."""
+    import ml_dtypes  # noqa: F401  # lazy: registers bfloat16 and the float8 types with numpy
+    import numpy as np
+
+    local = shard_shape(shape, spec, mesh)
+    return TensorRecord(
+        kind=kind,
+        shape=tuple(int(d) for d in shape),
+        dtype=str(np.dtype(dtype)),
+        logical=tuple(logical) if logical is not None else None,
+        spec=spec,
+        shard_shape=local,
+        bytes_per_device=math.prod(local) * np.dtype(dtype).itemsize,
+    )
+
+
+def case_record(case: Case) -> CaseRecord:
+    """The case header a plan of a resolved case carries."""
+    return CaseRecord(
+        model=case.model_name,
+        preset=case.preset.name,
+        topology=case.topology.name,
+        mesh=case.mesh,
+        axis_types=case.axis_types,
+        overrides=case.overrides,
+    )
+
+
+def axes_label(row: CollectiveRow) -> str:
+    """ "fsdp+expert", "(single device)" for singleton groups, or a summary of device groups that match no
+    mesh axes (the whole list, which can run to thousands of characters, stays in the plan JSON)."""
+    if row.axes is None:
+        return groups_summary(row.groups) if row.groups else "(unmatched)"
+    return "+".join(row.axes) if row.axes else "(single device)"
+
+
+def groups_summary(groups: str) -> str:
+    """A short description of device groups that match no mesh axes.
+
+    "{{0,1},{2,3}}" → "groups: 2 × 2 devices"; "{0->1,1->2,2->0}" → "groups: 3 pairs, shift +1, -2" (the
+    commonest shifts; a ring's wrap-around pair is the second).
+    """
+    if "->" in groups:
+        pairs = [tuple(int(n) for n in _NUMBER.findall(pair)) for pair in groups.strip("{}").split(",") if pair]
+        shifts = Counter(target - source for source, target in pairs if len((source, target)) == 2)
+        common = ", ".join(f"{shift:+d}" for shift, _ in shifts.most_common(2))
+        more = f" and {len(shifts) - 2} more" if len(shifts) > 2 else ""
+        return f"groups: {len(pairs)} pairs, shift {common}{more}"
+    members = [len(_NUMBER.findall(group)) for group in re.findall(r"\{([^{}]*)\}", groups)]
+    sizes = Counter(members)
+    if len(sizes) == 1:
+        (size, count), *_ = sizes.items()
+        return f"groups: {count} × {size} devices"
+    return f"groups: {len(members)} of {min(members)}–{max(members)} devices"

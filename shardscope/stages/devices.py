@@ -1,0 +1,127 @@
+"""Devices to compile for, before and after JAX starts: the fake CPU pool, a quiet libtpu, TPU slices described
+by libtpu (no TPU needed), and meshes built on them.
+
+Fake CPU devices must exist before the JAX backend starts, so the CLI sizes one pool up front and every
+mesh of a run is built on a prefix of it (device id = position in the pool).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardscope.case.topology import DCN_AXIS, Topology, format_mesh
+from shardscope.case.tpu import TPU_EXTRA_HINT, TpuSlice, libtpu_version
+from shardscope.errors import MeshError, ShardscopeError
+
+if TYPE_CHECKING:
+    import jax
+
+
+def quiet_libtpu() -> None:
+    """Environment that keeps libtpu silent on a host without TPU chips (set before it loads).
+
+    Without these, libtpu looks for host bounds and worker host names and logs an error for each, and it
+    writes a log file per process under /tmp/tpu_logs; concurrent processes would also fight over its
+    lock file.
+    """
+    for key, value in {
+        "TPU_HOST_BOUNDS": "1,1,1",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "TPU_LOG_DIR": "disabled",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+        "TPU_SKIP_MDS_QUERY": "1",
+    }.items():
+        os.environ.setdefault(key, value)
+
+
+def tpu_devices(tpu: TpuSlice, slices: int = 1) -> Any:
+    """libtpu's topology description of `slices` copies of a slice (`.devices` are what meshes use).
+
+    Raises:
+      ShardscopeError: libtpu is not installed.
+    """
+    if libtpu_version() is None:
+        raise ShardscopeError(f"topology {tpu.name!r} needs libtpu to compile for TPU: {TPU_EXTRA_HINT}")
+    quiet_libtpu()
+    from jax.experimental import topologies  # lazy: after libtpu's environment is set
+
+    return topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=tpu.topology_name,
+        chip_config_name=tpu.chip_config,
+        chips_per_host_bounds=tpu.chips_per_host_bounds,
+        num_slices=slices,
+        wrap=tpu.wrap,
+    )
+
+
+def configure_devices(topology: Topology) -> None:
+    """Prepares JAX for a topology before its backend starts (a CPU pool, or a quiet libtpu)."""
+    if topology.tpu is not None:
+        quiet_libtpu()
+        configure_cpu_devices(1)
+    else:
+        configure_cpu_devices(topology.num_devices)
+
+
+def configure_cpu_devices(count: int) -> None:
+    """Sizes the fake CPU device pool before JAX's backend starts.
+
+    If the backend already runs (tests, a long-lived process), its pool is kept: meshes are built on a
+    prefix of it, and `build_mesh` says so if it is too small.
+    """
+    import jax  # lazy: JAX starts only once the pool is sized
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        return
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", count)
+
+
+def build_mesh(topology: Topology, mesh: Sequence[tuple[str, int]], explicit: bool) -> jax.sharding.Mesh:
+    """A Mesh over the first devices of the pool (or the TPU slice), with deliberate axis types."""
+    import jax  # lazy: JAX starts only once the pool is sized
+    import numpy as np
+
+    axis_type = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    names = tuple(axis for axis, _ in mesh)
+    if topology.tpu is not None:
+        from jax.experimental import mesh_utils  # lazy: JAX loads only where a case is planned
+
+        # Devices are ordered along the torus so that neighbouring mesh coordinates share links; a mesh
+        # axis that no set of whole physical axes matches (expert=8 on a 4x4x4 slice) splits one.
+        shape = [size for _, size in mesh]
+        devices = tpu_devices(topology.tpu, topology.slices).devices
+        if topology.slices == 1:
+            grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
+        else:
+            grid = _multi_slice_grid(topology, mesh, devices)
+        return jax.sharding.Mesh(grid, names, axis_types=(axis_type,) * len(mesh))
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    needed = math.prod(size for _, size in mesh)
+    if needed > len(devices):
+        raise MeshError(
+            f"mesh {format_mesh(mesh)} needs {needed} devices but this process has {len(devices)}; "
+            f"the device pool is sized once per process (topology {topology.name})"
+        )
+    grid = np.array(devices[:needed], dtype=object).reshape([size for _, size in mesh])
+    return jax.sharding.Mesh(grid, names, axis_types=(axis_type,) * len(mesh))
+
+
+def _multi_slice_grid(topology: Topology, mesh: Sequence[tuple[str, int]], devices):
+    """Devices for a mesh over several slices: the data axis spans slices, every other axis stays inside one."""
+    from jax.experimental import mesh_utils  # lazy: JAX loads only where a case is planned
+
+    sizes = dict(mesh)
+    if sizes.get(DCN_AXIS, 1) % topology.slices:
+        raise MeshError(
+            f"{topology.slices} slices are joined over mesh axis {DCN_AXIS!r}, whose size "
+            f"{sizes.get(DCN_AXIS, 1)} is not a multiple of {topology.slices}; e.g. --mesh {DCN_AXIS}={topology.slices}"
+        )
+    within = [size // topology.slices if axis == DCN_AXIS else size for axis, size in mesh]
+    across = [topology.slices if axis == DCN_AXIS else 1 for axis, _ in mesh]
+    return mesh_utils.create_hybrid_device_mesh(within, across, devices=devices, allow_split_physical_axes=True)

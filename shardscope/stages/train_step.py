@@ -1,0 +1,42 @@
+"""The step that gets sharded: the forward pass, next-token loss, gradients and the optimizer's update."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from reference_models.decoder import Transformer, next_token_loss
+from shardscope.case.resolve import Case
+
+
+def make_optimizer() -> optax.GradientTransformation:
+    """AdamW with a learning-rate schedule, as MaxText builds it: its state is (Adam's count, mu, nu),
+    weight decay's (empty), the schedule's count — the same tree MaxText's optimizer state has."""
+    return optax.adamw(learning_rate=optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1)
+
+
+def make_loss(case: Case):
+    """The forward pass and next-token loss: (params, batch) → loss."""
+    model = Transformer(case.model)
+
+    def loss_of(params, batch):
+        logits: Any = model.apply({"params": params}, batch["tokens"])
+        return next_token_loss(logits, batch["targets"])
+
+    return loss_of
+
+
+def make_train_step(case: Case):
+    """Forward, next-token loss, gradients and an AdamW update: the step that gets sharded."""
+    loss_of = make_loss(case)
+    optimizer = make_optimizer()
+
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state}, {"loss": loss}
+
+    return train_step
