@@ -38,9 +38,12 @@ layer that has all of them below it).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from shardscope.errors import ShardscopeError
 
 __version__ = "0.1.0"
 
@@ -74,6 +77,7 @@ def plan_case(
     mesh: Mapping[str, int] | str | None = None,
     settings: Mapping[str, str] | Sequence[str] | None = None,
     *,
+    maxtext: str | Sequence[str] | None = None,
     tensors_only: bool = False,
     use_cache: bool = True,
 ) -> Plan:
@@ -85,19 +89,37 @@ def plan_case(
       topology: "cpu-N" or a TPU slice name ("v5p-16", …; needs the TPU extra).
       mesh: axis sizes, as a mapping or as `--mesh` spells them ("fsdp=-1,expert=2").
       settings: `--set` overrides, as a mapping or as "key=value" strings.
+      maxtext: MaxText's own command-line keys ("per_device_batch_size=4 ici_fsdp_parallelism=-1 …" or a list
+        of "k=v"); they size the mesh (do not give `mesh` too) and MaxText's defaults apply to the rest. What
+        MaxText accepts but is not modelled is a `warnings.warn`.
       tensors_only: every tensor's sharding from tracing alone, without compiling.
       use_cache: take an unchanged case's plan from the plan cache.
 
     Raises:
       ShardscopeError: any input that is wrong (a name, a mesh, a setting, an indivisible dimension).
     """
-    from shardscope.case.resolve import parse_overrides, resolve_case  # lazy: `import shardscope` loads no JAX
+    # lazy: `import shardscope` loads no JAX
+    from shardscope.case.resolve import parse_overrides, resolve_case, resolve_maxtext_case
     from shardscope.case.topology import parse_mesh_arg
     from shardscope.golden.planning import plan_resolved_case
 
     sizes = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
     overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
-    return plan_resolved_case(resolve_case(model, preset, topology, sizes, overrides), tensors_only, use_cache)
+    if maxtext is None:
+        case = resolve_case(model, preset, topology, sizes, overrides)
+    else:
+        if sizes:
+            raise ShardscopeError("mesh with maxtext: size the mesh with MaxText's ici_*_parallelism keys")
+        case, run = resolve_maxtext_case(
+            model,
+            None if preset == "default" else preset,
+            None if topology == "cpu-8" else topology,
+            maxtext,
+            overrides,
+        )
+        for line in run.warnings:
+            warnings.warn(line, stacklevel=2)
+    return plan_resolved_case(case, tensors_only, use_cache)
 
 
 def plan_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str = "step") -> Plan:

@@ -56,6 +56,26 @@ ENTRY main {
 """
 
 CASES: list[tuple[tuple[str, ...], str]] = [
+    # MaxText's command line (--maxtext)
+    (("dump", "mixtral-tiny", "--maxtext", "per_device_batchsize=1"), "did you mean per_device_batch_size?"),
+    (("dump", "mixtral-tiny", "--maxtext", "remat_policy"), "expected key=value"),
+    (
+        ("dump", "mixtral-tiny", "--maxtext", "ici_fsdp_parallelism=four"),
+        "ici_fsdp_parallelism=four: expected an integer",
+    ),
+    (("dump", "mixtral-tiny", "--maxtext", "sparse_matmul=maybe"), "sparse_matmul=maybe: expected true or false"),
+    (("dump", "mixtral-tiny", "--maxtext", "remat_policy=fulll"), "remat_policy=fulll: expected one of full"),
+    (("dump", "mixtral-tiny", "--maxtext", "ici_fsdp_parallelism=3"), "multiply to 3, but a slice has 8 devices"),
+    (("dump", "mixtral-tiny", "--maxtext", "ici_fsdp_parallelism=-1 ici_expert_parallelism=3"), "does not divide"),
+    (
+        ("dump", "mixtral-tiny", "--maxtext", "custom_mesh_and_rule=ep-as-cp ici_tensor_parallelism=2"),
+        "no 'tensor' axis",
+    ),
+    (("dump", "mixtral-tiny", "--maxtext", "steps=1 steps=2"), "steps is given twice"),
+    (("dump", "mixtral-tiny", "--maxtext", "model_name=llama2-7b"), "the model planned is mixtral-tiny"),
+    (("dump", "mixtral-tiny", "--maxtext", "custom_mesh_and_rule=ep-as-cpp"), "did you mean 'ep-as-cp'"),
+    (("dump", "mixtral-tiny", "--mesh", "fsdp=8", "--maxtext", "steps=1"), "size the mesh with MaxText's ici_"),
+    (("lint", "mixtral-tiny", "--maxtext", "per_device_batch_size=x"), "per_device_batch_size=x: expected a number"),
     # names
     (("dump", "deepseek-tin"), "did you mean 'deepseek-tiny'"),
     (("dump", "deepseek-tiny", "--preset", "ep-as-cpp"), "did you mean 'ep-as-cp'"),

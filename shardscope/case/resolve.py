@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_models import MODELS, DecoderConfig
-from shardscope.case.presets import PRESET_SETTABLE, Preset, apply_preset_overrides, get_preset
+from shardscope.case.maxtext_run import MaxTextRun, maxtext_run, parse_maxtext_args
+from shardscope.case.presets import PRESET_SETTABLE, Preset, apply_preset_overrides, get_preset, with_model_rules
 from shardscope.case.rules import drop_unit_axes, entry_axes, resolve_logical
 from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
 from shardscope.case.topology import Topology, get_topology, resolve_mesh
@@ -106,7 +107,9 @@ def resolve_case(
     topo = get_topology(topology)
     model_settings, preset_settings = _split_settings(overrides)
     model = apply_model_settings(model, model_settings)
+    # MaxText's defaults take the model's own rules (llama2-7b's `norm`); a rule file replaces them.
     resolved_preset = apply_preset_overrides(resolved_preset, preset_settings)
+    resolved_preset = with_model_rules(resolved_preset, model.logical_axis_rules)
     sizes = resolve_mesh(resolved_preset, topo.num_devices, mesh or {})
     check_model(model_name, model, math.prod(size for _, size in sizes))
     case = Case(
@@ -119,6 +122,62 @@ def resolve_case(
     )
     _check_pipeline(case)
     return case
+
+
+def resolve_maxtext_case(
+    model_name: str,
+    preset: str | None,
+    topology: str | None,
+    maxtext: str | Sequence[str],
+    overrides: Mapping[str, str] | None = None,
+) -> tuple[Case, MaxTextRun]:
+    """A case from MaxText's command line: `custom_mesh_and_rule` picks the preset, `ici_*`/`dcn_*_parallelism`
+    size every mesh axis (MaxText's defaults for the rest: FSDP fills a slice, data fills the slices),
+    `compile_topology` the topology; the other keys become settings (see `case.maxtext_run`).
+
+    Returns:
+      The case, and the translated run (its `warnings` name what is not modelled).
+
+    Raises:
+      ShardscopeError: bad MaxText input, or a preset, topology or `--set` that contradicts it.
+    """
+    model = get_model(model_name)
+    given = dict(parse_maxtext_args(maxtext))
+    rule = given.get("custom_mesh_and_rule") or None
+    if preset is not None and rule is not None and preset != rule:
+        raise ShardscopeError(f"--preset {preset} and --maxtext custom_mesh_and_rule={rule} name different rules")
+    preset_name = preset or rule or "default"
+    chosen_preset = get_preset(preset_name)
+    compile_topology = given.get("compile_topology") or None
+    if topology is not None and compile_topology is not None and topology.split("x")[-1] != compile_topology:
+        raise ShardscopeError(f"--topology {topology} and --maxtext compile_topology={compile_topology} disagree")
+    slices = given.get("compile_topology_num_slices", "1")
+    chosen_topology = topology or (
+        f"{slices}x{compile_topology}" if compile_topology and slices not in ("1", "-1") else compile_topology
+    )
+    chosen_topology = chosen_topology or "cpu-8"
+    topo = get_topology(chosen_topology)
+    run = maxtext_run(
+        maxtext,
+        model_name,
+        chosen_preset.mesh_axes,
+        topo.num_devices // topo.slices,
+        topo.slices,
+        model.num_experts > 0,
+    )
+    settings = dict(run.settings)
+    for key, value in (overrides or {}).items():
+        if key in settings and settings[key] != value:
+            raise ShardscopeError(f"--set {key}={value} contradicts --maxtext (which sets {key}={settings[key]})")
+        settings[key] = value
+    case = resolve_case(
+        model_name,
+        chosen_preset.name if preset is None and rule is None else (preset or rule or "default"),
+        chosen_topology,
+        dict(run.mesh),
+        settings,
+    )
+    return case, run
 
 
 def _check_pipeline(case: Case) -> None:

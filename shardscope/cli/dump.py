@@ -12,6 +12,7 @@ from shardscope.cli.app import (
     EfficiencyOption,
     HardwareOption,
     JsonOption,
+    MaxTextOption,
     MeshOption,
     NoCacheOption,
     OutputOption,
@@ -22,6 +23,7 @@ from shardscope.cli.app import (
     fail,
     make_console,
     quiet_compiler_logs,
+    resolve_cli_case,
     write_output,
 )
 from shardscope.errors import ShardscopeError
@@ -45,6 +47,7 @@ def dump_command(
         Path | None, typer.Option("--csv", help="Also write tensors.csv and collectives.csv into this directory.")
     ] = None,
     as_json: JsonOption = False,
+    maxtext: MaxTextOption = None,
     tensors_only: Annotated[
         bool,
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
@@ -66,8 +69,7 @@ def dump_command(
     """Compile one case and print its plan summary with what it costs; write the plan JSON with -o."""
     # lazy: validation loads no JAX, so a wrong input fails in milliseconds; planning loads it afterwards
     from shardscope.case.presets import absent_rule_axes
-    from shardscope.case.resolve import parse_overrides, resolve_case
-    from shardscope.case.topology import get_topology, parse_mesh_arg, with_slices
+    from shardscope.case.topology import get_topology, with_slices
     from shardscope.cost.price import check_pricing, price_plan
 
     case = None
@@ -75,7 +77,7 @@ def dump_command(
         topology = with_slices(topology, slices)
         check_model_or_step(model, step, preset, mesh, settings, tensors_only)
         if model is not None:
-            case = resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
+            case = resolve_cli_case(model, preset, topology, mesh, settings, maxtext)
         check_writable((output, "-o"), (None if csv is None else csv / "tensors.csv", "--csv"))
         if case is not None:
             check_pricing(case.topology.name, case.mesh, hardware, efficiency)

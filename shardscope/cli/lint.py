@@ -12,6 +12,7 @@ import typer
 
 from shardscope.cli.app import (
     JsonOption,
+    MaxTextOption,
     MeshOption,
     NoCacheOption,
     PresetOption,
@@ -19,6 +20,7 @@ from shardscope.cli.app import (
     fail,
     make_console,
     quiet_compiler_logs,
+    resolve_cli_case,
 )
 from shardscope.errors import ShardscopeError
 
@@ -56,6 +58,7 @@ def lint_command(
     ] = None,
     as_json: JsonOption = False,
     no_cache: NoCacheOption = False,
+    maxtext: MaxTextOption = None,
 ) -> None:
     """Lint a case's sharding rules and plan. Exit 0 clean, 1 findings at or above --fail-on, 2 bad input."""
     if explain is not None or list_lints:
@@ -66,12 +69,9 @@ def lint_command(
             raise ShardscopeError("lint needs a MODEL (e.g. `shardscope lint deepseek-tiny --preset ep-as-cp`)")
         if fail_on not in FAIL_ON:
             raise ShardscopeError(f"--fail-on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
-        from shardscope.case.resolve import parse_overrides, resolve_case  # lazy: off the --help path (no JAX)
-        from shardscope.case.topology import parse_mesh_arg, with_slices
+        from shardscope.case.topology import with_slices  # lazy: off the --help path (no JAX)
 
-        case = resolve_case(
-            model, preset, with_slices(topology, slices), parse_mesh_arg(mesh or ""), parse_overrides(settings or [])
-        )
+        case = resolve_cli_case(model, preset, with_slices(topology, slices), mesh, settings, maxtext)
         target = None
         if hardware is not None:
             from shardscope.case.hardware import load_hardware  # lazy: off the --help path (no JAX)

@@ -18,7 +18,7 @@ from shardscope.errors import ShardscopeError, unknown_name
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
-_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency", "step")
+_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency", "maxtext", "step")
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 
@@ -34,6 +34,7 @@ class GoldenCase:
     name: str = ""  # file stem; the preset when empty
     hardware: str | None = None  # the TPU generation a cpu-N plan is priced on (TPU topologies: their own)
     efficiency: float | None = None  # fraction of link bandwidth collectives reach; None: the table's
+    maxtext: str = ""  # MaxText's command-line keys, as --maxtext takes them
     step: str = ""  # a program of one's own (`module:function`, see shardscope.step); model is then its name
 
     @property
@@ -88,8 +89,8 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
             raise ShardscopeError(f"{where}: {unknown_name('key', str(key), _CASE_KEYS).args[0]}")
     if "step" in item:
         return _parse_step_case(item, path, where, default_hardware)
-    if "model" not in item or "preset" not in item:
-        raise ShardscopeError(f"{where}: needs 'model' and 'preset' (or 'step' and 'name')")
+    if "model" not in item or ("preset" not in item and "maxtext" not in item):
+        raise ShardscopeError(f"{where}: needs 'model' and 'preset' or 'maxtext' (or 'step' and 'name')")
     settings = item.get("set", [])
     if isinstance(settings, str):
         settings = [settings]
@@ -101,14 +102,19 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
     hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
     case = GoldenCase(
         model=str(item["model"]),
-        preset=str(item["preset"]),
+        preset=str(item.get("preset", "")),
         topology=topology,
         mesh=str(item.get("mesh", "")),
         settings=tuple(str(s) for s in settings),
         name=str(item.get("name", "")),
         hardware=None if hardware is None else str(hardware),
         efficiency=None if efficiency is None else float(efficiency),
+        maxtext=str(item.get("maxtext", "")),
     )
+    if not case.stem:
+        raise ShardscopeError(f"{where}: a case without a preset needs a 'name' for its golden")
+    if case.maxtext and case.mesh:
+        raise ShardscopeError(f"{where}: 'mesh' with 'maxtext': size the mesh with MaxText's ici_*_parallelism keys")
     if case.preset.endswith((".yaml", ".yml")):
         # A project's own rule file, relative to the golden directory; its golden needs a name.
         if not case.name:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardscope.case.resolve import Case, parse_overrides, resolve_case
+from shardscope.case.resolve import Case, parse_overrides, resolve_case, resolve_maxtext_case
 from shardscope.case.topology import Topology, get_topology, parse_mesh_arg
 from shardscope.cost.price import check_pricing
 from shardscope.errors import ShardscopeError
@@ -40,9 +40,14 @@ def resolve_golden_case(case: GoldenCase) -> Case | StepCase:
         step = StepCase(parse_step_ref(case.step), get_topology(case.topology))
         check_pricing(case.topology, (("devices", step.topology.num_devices),), case.hardware, case.efficiency)
         return step
-    resolved = resolve_case(
-        case.model, case.preset, case.topology, parse_mesh_arg(case.mesh), parse_overrides(case.settings)
-    )
+    if case.maxtext:
+        resolved, _ = resolve_maxtext_case(
+            case.model, case.preset or None, case.topology, case.maxtext, parse_overrides(case.settings)
+        )
+    else:
+        resolved = resolve_case(
+            case.model, case.preset, case.topology, parse_mesh_arg(case.mesh), parse_overrides(case.settings)
+        )
     check_pricing(resolved.topology.name, resolved.mesh, case.hardware, case.efficiency)
     return resolved
 

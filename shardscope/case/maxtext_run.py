@@ -1,0 +1,451 @@
+"""MaxText's command line (`--maxtext 'k=v k=v …'`) as a shardscope case: its keys, checked as MaxText checks
+them, and translated into the preset, mesh and settings shardscope plans.
+
+MaxText's defaults are its own files, shipped in `case/maxtext/` (`base.yml` and the model ymls of the
+models shardscope has, at the commit the built-in presets carry). A key that is not in `base.yml` is refused
+as MaxText refuses it; a value of the wrong type for the key's default, or outside the values MaxText
+accepts, is refused naming the key. A key MaxText accepts that changes the step but that shardscope does not
+model is reported by name (never dropped silently); keys that only steer a run (data, checkpoints,
+logging, learning rate) change no sharding and no memory and are accepted quietly.
+
+What MaxText leaves to its defaults stays as the model flavor has it: the flavors of MaxText's models carry
+MaxText's model yml and base.yml run settings (batch 12 × 2048, bfloat16 activations, full remat), so
+the defaults agree there; where they do not (the MoE's capacity factor), the warning says so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from shardscope.errors import ShardscopeError
+
+# The values MaxText accepts for keys whose type (str) says too little (configs/types.py, layers/decoders.py).
+REMAT_POLICIES = (
+    "full",
+    "none",
+    "minimal",
+    "minimal_with_context",
+    "minimal_flash",
+    "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi",
+    "save_dot_except_mlp",
+    "save_qkv_proj",
+    "qkv_proj_offloaded",
+    "minimal_offloaded",
+    "custom",
+    "save_out_proj",
+)
+REMAT_LOCATIONS = ("remat", "device", "offload")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "remat_policy": REMAT_POLICIES,
+    "dtype": ("bfloat16", "float32", "float16"),
+    "weight_dtype": ("bfloat16", "float32", "float16"),
+    "grad_dtype": ("bfloat16", "float32", "float16"),
+    "shard_mode": ("auto", "explicit"),
+    "opt_type": ("adamw", "adam_pax", "sgd", "muon"),
+    "attention": ("autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"),
+}
+# The per-tensor keys of `remat_policy=custom` (base.yml), each one of REMAT_LOCATIONS.
+CUSTOM_REMAT_KEYS = (
+    "decoder_layer_input",
+    "context",
+    "mlpwi",
+    "mlpwi_0",
+    "mlpwi_1",
+    "mlpwo",
+    "moe_mlpwi_0",
+    "moe_mlpwi_1",
+    "moe_mlpwo",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "kv_proj",
+    "qkv_proj",
+    "out_proj",
+    "query_wa_proj",
+    "kv_wa_proj",
+    "mla_q",
+    "mla_kv",
+    "attention_out",
+    "indexer_cutoff_threshold",
+    "engram",
+)
+for _remat_key in CUSTOM_REMAT_KEYS:
+    _CHOICES[_remat_key] = REMAT_LOCATIONS
+
+# Keys that steer a run but not the step it compiles: no sharding, shape or memory depends on them.
+RUN_ONLY_KEYS = frozenset(
+    {
+        "run_name",
+        "steps",
+        "base_output_directory",
+        "dataset_type",
+        "dataset_path",
+        "dataset_name",
+        "eval_dataset_name",
+        "train_split",
+        "eval_split",
+        "tokenizer_path",
+        "tokenizer_type",
+        "enable_checkpointing",
+        "async_checkpointing",
+        "checkpoint_period",
+        "load_parameters_path",
+        "load_full_state_path",
+        "log_period",
+        "profiler",
+        "profiler_steps",
+        "skip_first_n_steps_for_profiler",
+        "upload_all_profiler_results",
+        "enable_goodput_recording",
+        "monitor_goodput",
+        "enable_pathways_goodput",
+        "metrics_file",
+        "gcs_metrics",
+        "save_config_to_gcs",
+        "enable_tensorboard",
+        "use_vertex_tensorboard",
+        "vertex_tensorboard_project",
+        "vertex_tensorboard_region",
+        "learning_rate",
+        "warmup_steps_fraction",
+        "learning_rate_schedule_steps",
+        "adam_b1",
+        "adam_b2",
+        "adam_eps",
+        "adam_eps_root",
+        "adam_weight_decay",
+        "init_weights_seed",
+        "data_shuffle_seed",
+        "enable_data_shuffling",
+        "eval_interval",
+        "eval_steps",
+        "reuse_example_batch",
+        "jax_cache_dir",
+        "hardware",
+        "skip_jax_distributed_system",
+        "enable_single_controller",
+        "compiled_trainstep_file",
+        "dump_hlo",
+        "dump_hlo_gcs_dir",
+        "dump_hlo_xla_flags",
+        "dump_hlo_local_dir",
+        "dump_step",
+        "packing",
+        "grain_worker_count",
+        "grain_train_files",
+        "hf_path",
+        "hf_data_dir",
+        "hf_train_files",
+        "add_bos",
+        "add_eos",
+        "enable_model_warmup",
+        "model_call_mode",
+        "max_checkify",
+        "log_config",
+        "debug_sharding",
+        "attention_bias",
+    }
+)
+_PARALLELISM = re.compile(r"(ici|dcn)_(\w+)_parallelism")
+# MaxText names the pipeline's mesh axis `stage` but its parallelism key `pipeline`.
+_AXIS_OF_KEY = {"pipeline": "stage"}
+
+
+@dataclass(frozen=True)
+class MaxTextRun:
+    """A MaxText command line translated into the inputs of a shardscope case.
+
+    Attributes:
+      given: the pairs as written, in order.
+      preset: the built-in preset named by `custom_mesh_and_rule`, or None (the caller's choice stands).
+      mesh: every mesh axis of the preset sized as MaxText sizes it (ICI × DCN).
+      settings: shardscope `--set` settings the keys stand for.
+      topology: the topology `compile_topology` (and `compile_topology_num_slices`) names, or None.
+      warnings: one line each: keys MaxText accepts that shardscope does not model, and where MaxText's
+        defaults differ from what is planned.
+    """
+
+    given: tuple[tuple[str, str], ...]
+    preset: str | None
+    mesh: tuple[tuple[str, int], ...]
+    settings: tuple[tuple[str, str], ...]
+    topology: str | None
+    warnings: tuple[str, ...]
+
+
+@functools.cache
+def maxtext_defaults() -> dict[str, Any]:
+    """MaxText's base.yml: every key MaxText accepts, with its default."""
+    return yaml.safe_load(resources.files("shardscope.case").joinpath("maxtext", "base.yml").read_text())
+
+
+@functools.cache
+def maxtext_model_config(model_name: str) -> dict[str, Any]:
+    """The MaxText model yml of a model shardscope has ({} for shardscope's own small flavors)."""
+    path = resources.files("shardscope.case").joinpath("maxtext", f"{model_name}.yml")
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def parse_maxtext_args(text: str | Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`k=v k=v …` (one string as typed, or already split) into pairs; each key once.
+
+    Raises:
+      ShardscopeError: a word that is not key=value, or a key given twice.
+    """
+    try:
+        words = shlex.split(text) if isinstance(text, str) else [w for part in text for w in shlex.split(part)]
+    except ValueError as err:
+        raise ShardscopeError(f"--maxtext {text!r}: {err}") from None
+    pairs: dict[str, str] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_]\w*", key):
+            raise ShardscopeError(f"--maxtext: expected key=value (as on MaxText's command line), found {word!r}")
+        if key in pairs:
+            raise ShardscopeError(f"--maxtext: {key} is given twice ({key}={pairs[key]}, {key}={value})")
+        pairs[key] = value
+    return tuple(pairs.items())
+
+
+def check_maxtext_value(key: str, text: str) -> Any:
+    """The typed value of one MaxText key, as MaxText's config would read it.
+
+    Raises:
+      ShardscopeError: a key MaxText does not know (with "did you mean"), or a value it would reject.
+    """
+    defaults = maxtext_defaults()
+    if key not in defaults:
+        close = difflib.get_close_matches(key, defaults, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ShardscopeError(f"--maxtext {key}={text}: MaxText has no key {key!r} (not in its base.yml){hint}")
+    default = defaults[key]
+    value: Any
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false"):
+            raise ShardscopeError(f"--maxtext {key}={text}: expected true or false")
+        value = text.lower() == "true"
+    elif isinstance(default, int):
+        if not re.fullmatch(r"-?\d+", text.replace("_", "")):
+            raise ShardscopeError(f"--maxtext {key}={text}: expected an integer")
+        value = int(text.replace("_", ""))
+    elif isinstance(default, float):
+        try:
+            value = float(text)
+        except ValueError:
+            raise ShardscopeError(f"--maxtext {key}={text}: expected a number") from None
+    elif isinstance(default, list | dict):
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = None
+        if not isinstance(value, type(default)):
+            raise ShardscopeError(f"--maxtext {key}={text}: expected a {type(default).__name__} (YAML)")
+    else:
+        value = text.strip("'\"")
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise ShardscopeError(f"--maxtext {key}={text}: expected one of {', '.join(_CHOICES[key])}")
+    return value
+
+
+def maxtext_run(
+    text: str | Sequence[str],
+    model_name: str,
+    mesh_axes: Sequence[str],
+    devices_per_slice: int,
+    slices: int,
+    moe: bool,
+) -> MaxTextRun:
+    """Checks a MaxText command line and translates it for a model under a preset's mesh axes.
+
+    Args:
+      text: the `k=v` pairs.
+      model_name: the model planned (a `model_name=` key must agree with it).
+      mesh_axes: the mesh axes of the preset the run uses (its `custom_mesh_and_rule`, or the caller's).
+      devices_per_slice: devices of one slice of the topology (MaxText sizes ICI axes within a slice).
+      slices: slices of the topology (the DCN axes' product).
+      moe: whether the model has MoE layers (MoE-only keys are only worth a warning then).
+
+    Raises:
+      ShardscopeError: malformed or unknown input, or a mesh MaxText would refuse on this topology.
+    """
+    given = parse_maxtext_args(text)
+    values = {key: check_maxtext_value(key, value) for key, value in given}
+    if "model_name" in values and values["model_name"] != model_name:
+        raise ShardscopeError(
+            f"--maxtext model_name={values['model_name']}: the model planned is {model_name}; name the same model"
+        )
+    if "compile_topology_num_slices" in values and values["compile_topology_num_slices"] > 0:
+        slices = values["compile_topology_num_slices"]
+    mesh = _mesh(values, tuple(mesh_axes), devices_per_slice, slices)
+    settings, warnings = _settings(values, model_name, moe, dict(mesh))
+    topology = values.get("compile_topology") or None
+    if topology and slices > 1:
+        topology = f"{slices}x{topology}"
+    return MaxTextRun(
+        given=given,
+        preset=values.get("custom_mesh_and_rule") or None,
+        mesh=mesh,
+        settings=tuple(settings.items()),
+        topology=topology,
+        warnings=tuple(warnings),
+    )
+
+
+def _mesh(
+    values: Mapping[str, Any], mesh_axes: tuple[str, ...], per_slice: int, slices: int
+) -> tuple[tuple[str, int], ...]:
+    """Every mesh axis sized as MaxText sizes it: ICI sizes within a slice (one -1 fills the slice), DCN sizes
+    across slices (one -1 fills them), the axis = ICI × DCN."""
+    defaults = maxtext_defaults()
+    sizes: dict[str, dict[str, int]] = {"ici": {}, "dcn": {}}
+    for key in defaults:
+        match = _PARALLELISM.fullmatch(key)
+        if match is None:
+            continue
+        net, axis = match.group(1), _AXIS_OF_KEY.get(match.group(2), match.group(2))
+        size = int(values.get(key, defaults[key]))
+        if axis not in mesh_axes:
+            if key in values and size != 1:
+                raise ShardscopeError(
+                    f"--maxtext {key}={size}: the rules' mesh_axes ({', '.join(mesh_axes)}) have no {axis!r} axis"
+                )
+            continue
+        sizes[net][axis] = size
+    result = {axis: 1 for axis in mesh_axes}
+    for net, count in (("ici", per_slice), ("dcn", slices)):
+        chosen = sizes[net]
+        fill = [axis for axis, size in chosen.items() if size == -1]
+        if len(fill) > 1:
+            raise ShardscopeError(
+                f"--maxtext: only one {net}_*_parallelism may be -1, found {', '.join(_key(net, a) for a in fill)}"
+            )
+        bad = [axis for axis, size in chosen.items() if size == 0 or size < -1]
+        if bad:
+            raise ShardscopeError(f"--maxtext {_key(net, bad[0])}={chosen[bad[0]]}: expected a positive size or -1")
+        fixed = math.prod(size for size in chosen.values() if size != -1)
+        if fill:
+            if count % fixed:
+                of = f"the {count} devices of a slice" if net == "ici" else f"the {count} slices"
+                raise ShardscopeError(f"--maxtext: the {net} axes set use {fixed}, which does not divide {of}")
+            chosen[fill[0]] = count // fixed
+        elif fixed != count:
+            has = f"a slice has {count} devices" if net == "ici" else f"the topology has {count} slices"
+            raise ShardscopeError(
+                f"--maxtext: the {net}_*_parallelism sizes multiply to {fixed}, but {has}; set one to -1 or change them"
+            )
+        for axis, size in chosen.items():
+            result[axis] *= size
+    return tuple((axis, result[axis]) for axis in mesh_axes)
+
+
+def _key(net: str, axis: str) -> str:
+    name = {v: k for k, v in _AXIS_OF_KEY.items()}.get(axis, axis)
+    return f"{net}_{name}_parallelism"
+
+
+def _settings(
+    values: Mapping[str, Any], model_name: str, moe: bool, mesh: Mapping[str, int]
+) -> tuple[dict[str, str], list[str]]:
+    """shardscope settings for the modelled keys, and a warning for each key that changes the step but is not
+    modelled (and for MaxText defaults the plan departs from)."""
+    settings: dict[str, str] = {}
+    unmodelled: list[str] = []
+    for key, value in values.items():
+        if key in RUN_ONLY_KEYS or _PARALLELISM.fullmatch(key) or key in _HANDLED_ELSEWHERE:
+            continue
+        translate = _MODEL_KEYS.get(key)
+        if translate is not None:
+            setting = translate(value)
+            if setting is not None:
+                settings.update(setting)
+                continue
+        if key in _SAME_AS_PLANNED and value == _SAME_AS_PLANNED[key]:
+            continue
+        unmodelled.append(f"{key}={_text(value)}")
+    warnings = []
+    if unmodelled:
+        warnings.append(
+            f"MaxText keys that change the step but are not modelled, planned without them: {', '.join(unmodelled)}"
+        )
+    stages = mesh.get("stage", 1)
+    if stages > 1:
+        microbatches = values.get("num_pipeline_microbatches", -1)
+        settings["pipeline.microbatches"] = str(stages if microbatches == -1 else microbatches)
+    if values.get("attention", "autoselected") in ("autoselected", "flash"):
+        warnings.append(
+            "MaxText's attention on TPU (autoselected: the flash/splash kernel) is not modelled: attention is planned "
+            "as dot_product, which keeps [seq × seq] scores (set attention=dot_product to plan MaxText's own path)"
+        )
+    if moe and values.get("sparse_matmul", True) and "capacity_factor" not in values:
+        warnings.append(
+            "MaxText's dropless sparse_matmul MoE is not modelled: the MoE is planned capacity-padded with the "
+            "flavor's capacity_factor (set capacity_factor=… to choose it)"
+        )
+    return settings, warnings
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _capacity(value: float) -> dict[str, str]:
+    return {"model.capacity_factor": "none" if value < 0 else f"{value:g}"}
+
+
+def _remat(value: str) -> dict[str, str] | None:
+    return {"model.remat": value} if value in ("full", "none") else None
+
+
+# MaxText keys with a shardscope setting: key → its setting(s), or None when this value is not modelled.
+_MODEL_KEYS: dict[str, Any] = {
+    "per_device_batch_size": lambda v: {"model.per_device_batch": f"{v:g}", "model.global_batch": "0"},
+    "max_target_length": lambda v: {"model.seq_len": str(v)},
+    "base_num_decoder_layers": lambda v: {"model.num_layers": str(v)},
+    "first_num_dense_layers": lambda v: {"model.first_dense_layers": str(v)},
+    "dtype": lambda v: {"model.dtype": v} if v != "float16" else None,
+    "capacity_factor": _capacity,
+    "remat_policy": _remat,
+    "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
+    "shard_mode": lambda v: {"shard_mode": v},
+    "num_pipeline_repeats": lambda v: {} if v in (-1, 1) else None,
+}
+# Keys read by `maxtext_run` itself (the mesh, the preset, the topology, the model's name, the pipeline).
+_HANDLED_ELSEWHERE = frozenset(
+    {
+        "model_name",
+        "custom_mesh_and_rule",
+        "compile_topology",
+        "compile_topology_num_slices",
+        "num_slices",
+        "num_pipeline_microbatches",
+        "mesh_axes",
+    }
+)
+# Keys whose value here is what shardscope plans anyway (weights and optimizer state in float32, AdamW,
+# layers scanned on axis 1, MaxText's custom remat locations at their defaults).
+_SAME_AS_PLANNED: dict[str, Any] = {
+    "weight_dtype": "float32",
+    "grad_dtype": "float32",
+    "opt_type": "adamw",
+    "scan_layers": True,
+    "param_scan_axis": 1,
+    "attention": "dot_product",
+    "sparse_matmul": False,
+    "megablox": False,
+    "decoder_layer_input": "device",
+    "enable_dropout": False,
+    "gradient_accumulation_steps": 1,
+    "optimizer_memory_host_offload": False,
+    "parameter_memory_host_offload": False,
+}

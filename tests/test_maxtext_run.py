@@ -1,0 +1,115 @@
+"""MaxText's command line (`--maxtext`): keys checked as MaxText checks them, meshes sized as MaxText sizes
+them, settings translated. That a command line gives MaxText's own mesh and shardings is held against
+MaxText's dumps in test_maxtext_fidelity.py (every dump there is planned from its command line)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import yaml
+
+import shardscope
+from shardscope.case.maxtext_run import RUN_ONLY_KEYS, check_maxtext_value, maxtext_defaults, maxtext_run
+from shardscope.case.resolve import resolve_case, resolve_maxtext_case
+from shardscope.errors import ShardscopeError
+from shardscope.golden.pipeline import plan_case
+from shardscope.plan import plan_to_json
+
+TINY = "max_target_length=32 per_device_batch_size=1"
+
+
+def test_defaults_are_maxtexts_base_yml():
+    defaults = maxtext_defaults()
+    # Facts of MaxText's base.yml (the file shipped is MaxText's own, unedited).
+    assert defaults["per_device_batch_size"] == 12.0 and defaults["max_target_length"] == 2048
+    assert defaults["ici_fsdp_parallelism"] == -1 and defaults["dcn_data_parallelism"] == -1
+    assert defaults["remat_policy"] == "full" and defaults["sparse_matmul"] is True
+    assert all(key in defaults for key in RUN_ONLY_KEYS), sorted(k for k in RUN_ONLY_KEYS if k not in defaults)
+
+
+def test_values_take_the_type_of_their_default():
+    assert check_maxtext_value("per_device_batch_size", "2") == 2.0
+    assert check_maxtext_value("ici_fsdp_parallelism", "-1") == -1
+    assert check_maxtext_value("use_ring_of_experts", "True") is True
+    assert check_maxtext_value("mesh_axes", "['data', 'fsdp']") == ["data", "fsdp"]
+    with pytest.raises(ShardscopeError, match="expected an integer"):
+        check_maxtext_value("base_num_decoder_layers", "2.5")
+
+
+def test_a_command_line_plans_the_same_case_as_presets_mesh_and_settings():
+    case, run = resolve_maxtext_case(
+        "mixtral-tiny", None, None, f"custom_mesh_and_rule=ep-as-cp ici_expert_parallelism=2 {TINY} steps=5"
+    )
+    # ICI: fsdp (-1 by default) fills the 8 devices the expert axis leaves: 4.
+    same = resolve_case(
+        "mixtral-tiny",
+        "ep-as-cp",
+        "cpu-8",
+        {"data": 1, "stage": 1, "fsdp": 4, "expert": 2},
+        {"model.seq_len": "32", "model.per_device_batch": "1", "model.global_batch": "0"},
+    )
+    assert case == same
+    assert plan_to_json(plan_case(case, tensors_only=True)) == plan_to_json(plan_case(same, tensors_only=True))
+    assert not any("steps" in line for line in run.warnings)  # a run-only key changes nothing: no warning
+
+
+def test_dcn_axes_span_slices_and_ici_axes_fill_a_slice():
+    # 2 slices of v5p-8 (4 devices each): ICI fsdp fills what expert=2 leaves of a slice (2); DCN data fills the
+    # slices (2); each axis is ICI × DCN.
+    run = maxtext_run("ici_expert_parallelism=2", "mixtral-8x7b", ("data", "fsdp", "expert"), 4, 2, True)
+    assert dict(run.mesh) == {"data": 2, "fsdp": 2, "expert": 2}
+    run = maxtext_run(
+        "ici_expert_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2",
+        "m",
+        ("data", "fsdp", "expert"),
+        4,
+        2,
+        True,
+    )
+    assert dict(run.mesh) == {"data": 1, "fsdp": 4, "expert": 2}
+    with pytest.raises(ShardscopeError, match="multiply to 4, but the topology has 2 slices"):
+        maxtext_run("dcn_data_parallelism=4", "m", ("data", "fsdp"), 4, 2, False)
+
+
+def test_pipeline_keys_size_the_stage_axis_and_default_the_microbatches():
+    run = maxtext_run("ici_pipeline_parallelism=2", "m", ("data", "stage", "fsdp"), 8, 1, False)
+    assert dict(run.mesh) == {"data": 1, "stage": 2, "fsdp": 4}
+    assert dict(run.settings)["pipeline.microbatches"] == "2"  # MaxText: -1 means one per stage
+    run = maxtext_run(
+        "ici_pipeline_parallelism=2 num_pipeline_microbatches=8", "m", ("data", "stage", "fsdp"), 8, 1, False
+    )
+    assert dict(run.settings)["pipeline.microbatches"] == "8"
+
+
+def test_keys_that_change_the_step_but_are_not_modelled_are_named():
+    run = maxtext_run("use_iota_embed=true steps=3 attention=dot_product", "mixtral-tiny", ("fsdp",), 8, 1, True)
+    (line,) = [w for w in run.warnings if "not modelled, planned without them" in w]
+    assert "use_iota_embed=true" in line and "steps" not in line
+    assert not any("attention" in w for w in run.warnings)  # dot_product is what is planned
+    # MaxText's own defaults that the plan departs from are said too (once each).
+    run = maxtext_run("", "mixtral-tiny", ("fsdp",), 8, 1, True)
+    assert any("splash" in w for w in run.warnings) and any("sparse_matmul" in w for w in run.warnings)
+    assert not any("sparse_matmul" in w for w in maxtext_run("", "m", ("fsdp",), 8, 1, False).warnings)
+
+
+def test_the_library_takes_a_command_line_and_warns():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        plan = shardscope.plan_case(
+            "mixtral-tiny", maxtext=f"{TINY} use_iota_embed=true attention=dot_product", tensors_only=True
+        )
+    assert any("use_iota_embed=true" in str(w.message) for w in seen)
+    assert dict(plan.case.mesh)["fsdp"] == 8 and plan.case.preset == "default"
+
+
+def test_cli_prints_warnings_on_stderr_and_plans(tmp_path):
+    out = tmp_path / "plan.json"
+    command = ["dump", "mixtral-tiny", "--tensors-only", "--maxtext", f"{TINY} use_iota_embed=true", "-o", str(out)]
+    result = subprocess.run([sys.executable, "-m", "shardscope.cli", *command], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert any("use_iota_embed=true" in line for line in warnings)
+    assert yaml.safe_load(out.read_text())["case"]["overrides"]["model.seq_len"] == "32"
