@@ -1,4 +1,4 @@
-"""Reference DeepSeek and Mixtral models (Flax) with logical axis names on every parameter and activation.
+"""Reference DeepSeek, Mixtral and Llama models (Flax) with logical axis names on every parameter and activation.
 
 This package's top level imports no JAX, so that listing and validating model names stays instant; the
 modules themselves live in `reference_models.decoder`, `.moe`, `.layers` and `.sharding`.
@@ -6,7 +6,7 @@ modules themselves live in `reference_models.decoder`, `.moe`, `.layers` and `.s
 
 from __future__ import annotations
 
-from reference_models import deepseek, mixtral
+from reference_models import deepseek, llama, mixtral
 from reference_models.config import DecoderConfig
 
 # Model names as users write them → flavor configs.
@@ -17,6 +17,9 @@ MODELS: dict[str, DecoderConfig] = {
     "mixtral-tiny": mixtral.FLAVORS["tiny"],
     "mixtral-8x7b": mixtral.FLAVORS["8x7b"],
     "mixtral-8x22b": mixtral.FLAVORS["8x22b"],
+    "llama-tiny": llama.FLAVORS["tiny"],
+    "llama2-7b": llama.FLAVORS["2-7b"],
+    "llama3-8b": llama.FLAVORS["3-8b"],
 }
 
 __all__ = ["MODELS", "DecoderConfig"]

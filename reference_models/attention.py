@@ -7,6 +7,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from reference_models.config import DecoderConfig
 from reference_models.layers import DenseGeneral, RMSNorm, apply_rope, like
@@ -22,17 +23,55 @@ MLA_QKV = ("activation_kv_batch", "activation_length", "activation_kv_heads", "a
 MLA_OUT = ("activation_batch_attn", "activation_length", "activation_heads", "activation_kv")
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
-    """Softmax attention with a causal mask; k/v may have fewer heads than q (grouped queries)."""
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, offset: int = 0) -> jax.Array:
+    """Softmax attention with a causal mask; k/v may have fewer heads than q (grouped queries). The queries
+    sit at positions `offset`, `offset + 1`, … of the keys' sequence."""
     batch, seq, heads, dim = q.shape
     groups = heads // k.shape[2]
     q = q.reshape(batch, seq, k.shape[2], groups, dim)
     scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k).astype(jnp.float32) * scale
-    mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    mask = jnp.arange(seq)[:, None] + offset >= jnp.arange(k.shape[1])[None, :]
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
     return out.reshape(batch, seq, heads, v.shape[-1])
+
+
+def blockwise_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block: int) -> jax.Array:
+    """Causal attention as a flash/splash kernel does its work: query blocks of `block` rows, each against
+    the keys up to its last row only (the blocks above the diagonal are skipped, as the kernel skips them),
+    and nothing of it kept for the backward pass but q, k and v (each block is recomputed there, as the
+    kernel recomputes its scores). No [seq × seq] tensor lives beyond one block row.
+
+    The same function as `causal_attention` (tested); `block` ≥ seq is exactly it.
+    """
+    seq = q.shape[1]
+    if block >= seq or seq % block:
+        return causal_attention(q, k, v, scale)
+    rows = []
+    for first in range(0, seq, block):
+        last = first + block
+
+        def row(
+            q_all: jax.Array, k_all: jax.Array, v_all: jax.Array, first: int = first, last: int = last
+        ) -> jax.Array:
+            # Sliced inside the checkpoint, so its residuals are q, k and v themselves (no prefix copies).
+            return causal_attention(q_all[:, first:last], k_all[:, :last], v_all[:, :last], scale, offset=first)
+
+        rows.append(jax.checkpoint(row)(q, k, v))
+    return jnp.concatenate(rows, axis=1)
+
+
+def attention_core(config: DecoderConfig, q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
+    """The attention computation MaxText's `attention` setting picks (`config.attention_kernel`)."""
+    if config.uses_flash_attention:
+        return blockwise_causal_attention(q, k, v, scale, config.attention_block)
+    return causal_attention(q, k, v, scale)
+
+
+def _named_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The projections under MaxText's names, for the remat policies (reference_models/remat.py)."""
+    return checkpoint_name(query, "query_proj"), checkpoint_name(key, "key_proj"), checkpoint_name(value, "value_proj")
 
 
 class Attention(nn.Module):
@@ -54,9 +93,11 @@ class Attention(nn.Module):
         query = constrain(self.path, "query", apply_rope(query, cfg.rope_theta), GQA_QKV)
         key = constrain(self.path, "key", apply_rope(key, cfg.rope_theta), GQA_QKV)
         value = constrain(self.path, "value", value, GQA_QKV)
-        out = causal_attention(query, key, value, cfg.head_dim**-0.5)
-        out = constrain(self.path, "out", out, GQA_OUT)
-        return DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
+        query, key, value = _named_qkv(query, key, value)
+        out = checkpoint_name(attention_core(cfg, query, key, value, cfg.head_dim**-0.5), "context")
+        out = constrain(self.path, "out", checkpoint_name(out, "attention_out"), GQA_OUT)
+        out = DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
+        return checkpoint_name(out, "out_proj")
 
 
 class MLA(nn.Module):
@@ -81,7 +122,8 @@ class MLA(nn.Module):
             low_rank_q = DenseGeneral((cfg.q_lora_rank,), ("embed", "q_lora_up_proj"), dtype=cfg.dtype, name="wq_a")(
                 inputs_q
             )
-            low_rank_q = RMSNorm(cfg.norm_epsilon, name="q_norm")(low_rank_q)
+            low_rank_q = checkpoint_name(low_rank_q, "query_wa_proj")
+            low_rank_q = checkpoint_name(RMSNorm(cfg.norm_epsilon, name="q_norm")(low_rank_q), "mla_q")
             q = DenseGeneral((heads, nope + rope), ("q_lora", "q_heads", "kv"), dtype=cfg.dtype, name="wq_b")(
                 low_rank_q
             )
@@ -96,8 +138,9 @@ class MLA(nn.Module):
         low_rank = DenseGeneral(
             (cfg.kv_lora_rank + rope,), ("embed", "kv_lora_up_proj"), dtype=cfg.dtype, name="wkv_a"
         )(inputs_kv)
+        low_rank = checkpoint_name(low_rank, "kv_wa_proj")
         low_rank_main, low_rank_rope = jnp.split(low_rank, [cfg.kv_lora_rank], axis=-1)
-        low_rank_main = RMSNorm(cfg.norm_epsilon, name="kv_norm")(low_rank_main)
+        low_rank_main = checkpoint_name(RMSNorm(cfg.norm_epsilon, name="kv_norm")(low_rank_main), "mla_kv")
         # The rope part of the key is one head shared by every query head.
         key_rope = apply_rope(low_rank_rope[:, :, None, :], cfg.rope_theta)
         kv = DenseGeneral(
@@ -109,7 +152,9 @@ class MLA(nn.Module):
         key_rope = constrain(self.path, "key_rope", key_rope, MLA_QKV)
         key = constrain(self.path, "key", jnp.concatenate([key_nope, key_rope], axis=-1), MLA_QKV)
         value = constrain(self.path, "value", value, MLA_QKV)
+        query, key, value = _named_qkv(query, key, value)
 
-        out = causal_attention(query, key, value, (nope + rope) ** -0.5)
-        out = constrain(self.path, "out", out, MLA_OUT)
-        return DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
+        out = checkpoint_name(attention_core(cfg, query, key, value, (nope + rope) ** -0.5), "context")
+        out = constrain(self.path, "out", checkpoint_name(out, "attention_out"), MLA_OUT)
+        out = DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
+        return checkpoint_name(out, "out_proj")

@@ -1,4 +1,5 @@
-"""The one config record both model families are built from (flavors fill it in, see deepseek.py/mixtral.py).
+"""The one config record every model family is built from (flavors fill it in, see deepseek.py, mixtral.py,
+llama.py).
 
 Field names follow MaxText's model configs where one exists (`configs/models/*.yml`): `embed_dim` is
 `base_emb_dim`, `num_heads` `base_num_query_heads`, `first_dense_layers` `first_num_dense_layers`,
@@ -14,6 +15,24 @@ from dataclasses import dataclass
 #   "topk_softmax": top-k of the logits, softmax over those k (Mixtral);
 #   "sigmoid_bias": sigmoid scores, top-k of scores + a learned bias, weights renormalised (DeepSeek-V3).
 ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
+# MaxText's `attention` values that shardscope models (see DecoderConfig.attention_kernel).
+ATTENTION_KERNELS = ("dot_product", "flash", "autoselected")
+# MaxText's remat policies by name (`remat.py` builds them), and shardscope's "none" (no remat).
+REMAT_POLICIES = (
+    "full",
+    "none",
+    "minimal",
+    "minimal_with_context",
+    "minimal_flash",
+    "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi",
+    "save_dot_except_mlp",
+    "save_qkv_proj",
+    "save_out_proj",
+    "qkv_proj_offloaded",
+    "minimal_offloaded",
+    "custom",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,13 +48,14 @@ class PipelineSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class DecoderConfig:
-    """Shapes and choices of a decoder-only MoE transformer.
+    """Shapes and choices of a decoder-only transformer, MoE or dense.
 
-    Attention is "mla" (DeepSeek: low-rank q/kv with rope and no-rope parts) or "gqa" (Mixtral).
-    The first `first_dense_layers` layers use a dense MLP, the rest a MoE block.
+    Attention is "mla" (DeepSeek: low-rank q/kv with rope and no-rope parts) or "gqa" (Mixtral, Llama).
+    The first `first_dense_layers` layers use a dense MLP, the rest a MoE block; Llama has no MoE block
+    (every layer is dense, `num_experts` is 0).
     """
 
-    family: str  # "deepseek" | "mixtral"
+    family: str  # "deepseek" | "mixtral" | "llama"
     vocab_size: int
     embed_dim: int
     num_layers: int
@@ -53,9 +73,9 @@ class DecoderConfig:
     # MLPs
     first_dense_layers: int = 0
     mlp_dim: int = 0
-    num_experts: int
-    num_experts_per_token: int
-    moe_mlp_dim: int
+    num_experts: int = 0  # 0: no MoE block (Llama)
+    num_experts_per_token: int = 0
+    moe_mlp_dim: int = 0
     num_shared_experts: int = 0
     router: str = "softmax_topk"  # one of ROUTERS
     capacity_factor: float | None = None  # None = dropless (capacity = local tokens)
@@ -65,16 +85,40 @@ class DecoderConfig:
     per_device_batch: float = 1.0
     global_batch: int = 0
     dtype: str = "float32"  # activation dtype; parameters are float32
-    # MaxText's `remat_policy`: "full" recomputes each layer in the backward pass (its default), "none"
-    # keeps every activation.
+    # MaxText's `remat_policy` (one of REMAT_POLICIES; see remat.py): "full" recomputes each layer in the
+    # backward pass (its default); "none" (shardscope's) keeps every activation.
     remat: str = "full"
+    # For remat "custom": MaxText's per-tensor keys, (tensor name, "device" | "offload" | "remat").
+    remat_custom: tuple[tuple[str, str], ...] = ()
+    # MaxText's `attention`: "dot_product" materialises [seq × seq] scores; "flash" runs as its TPU kernel
+    # does (query blocks of `attention_block` rows against the keys up to the diagonal, recomputed in the
+    # backward pass: attention.blockwise_causal_attention); "autoselected" is flash from 128 tokens on, as
+    # MaxText selects it on TPU.
+    attention_kernel: str = "dot_product"
+    attention_block: int = 512
     rope_theta: float = 10000.0
     norm_epsilon: float = 1e-6
+    # The model's own `logical_axis_rules` in MaxText's model yml (llama2-7b: `[['norm', 'fsdp']]`). MaxText
+    # merges them into base.yml's rules (each replaces base.yml's rules of its logical name and goes last);
+    # a `custom_mesh_and_rule` file replaces the rules wholesale, these included.
+    logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def num_moe_layers(self) -> int:
-        """Layers that use the MoE block."""
+        """Layers that use the MoE block (none in Llama, whose every layer is dense)."""
+        if self.family == "llama":
+            return 0
         return self.num_layers - self.first_dense_layers
+
+    @property
+    def main_stack_layers(self) -> int:
+        """Layers of the last layer stack, the one a pipeline splits over stages (decoder.layer_stacks)."""
+        return self.num_layers if self.family == "llama" else self.num_moe_layers
+
+    @property
+    def uses_flash_attention(self) -> bool:
+        """Whether attention runs as the flash/splash kernel does (see `attention_kernel`)."""
+        return self.attention_kernel == "flash" or (self.attention_kernel == "autoselected" and self.seq_len >= 128)
 
     @property
     def routed_bias(self) -> bool:

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from reference_models.config import DecoderConfig
-from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, MixtralLayer
+from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer, MixtralLayer
 from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec
 from reference_models.pipeline import run_pipeline
+from reference_models.remat import remat_policy
 from reference_models.sharding import ShardingContext, current_context, path_prefix
 
 # MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
@@ -48,6 +49,8 @@ def layer_stacks(config: DecoderConfig) -> tuple[LayerStack, ...]:
             LayerStack("moe_layers", DeepSeekLayer, {"use_moe": True}, config.num_moe_layers),
         )
         return tuple(stack for stack in candidates if stack.length)
+    if config.family == "llama":
+        return (LayerStack("layers", LlamaLayer, {}, config.num_layers),)
     return (LayerStack("layers", MixtralLayer, {}, config.num_layers),)
 
 
@@ -69,9 +72,12 @@ class Decoder(nn.Module):
             if main and context is not None and context.pipeline is not None and not self.is_initializing():
                 x = self._pipelined(x, stack, context)
                 continue
-            # MaxText's default `remat_policy: full`: each layer saves only its input and recomputes the rest
-            # in the backward pass (which is where its gathers run a second time).
-            layer = nn.remat(stack.layer, prevent_cse=False) if cfg.remat == "full" else stack.layer
+            # MaxText's `remat_policy` (default `full`: each layer saves only its input and recomputes the rest
+            # in the backward pass, which is where its gathers run a second time); shardscope's `none` keeps all.
+            layer = stack.layer
+            if cfg.remat != "none":
+                policy = remat_policy(cfg.remat, cfg.remat_custom)
+                layer = nn.remat(stack.layer, prevent_cse=False, policy=policy)
             scanned = nn.scan(
                 layer,
                 variable_axes={"params": PARAM_SCAN_AXIS},
@@ -91,6 +97,13 @@ class Decoder(nn.Module):
 
         def apply_layer(params, hidden):
             return layer.apply({"params": params}, hidden, None)[0]
+
+        if self.config.remat != "none":
+            # Each layer inside a stage under the same remat policy as a stack outside a pipeline (MaxText
+            # applies it to the layers it pipelines): without it the recomputed schedule keeps every layer's
+            # activations of every iteration for the backward pass.
+            policy = remat_policy(self.config.remat, self.config.remat_custom)
+            apply_layer = jax.checkpoint(apply_layer, prevent_cse=False, policy=policy)
 
         with path_prefix((*self.path, stack.name)):
             params = self.variables["params"][stack.name]

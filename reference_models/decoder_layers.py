@@ -1,4 +1,5 @@
-"""The decoder layers of both families as MaxText writes them (`models/deepseek.py`, `models/mixtral.py`).
+"""The decoder layers of each family as MaxText writes them (`models/deepseek.py`, `models/mixtral.py`,
+`models/llama2.py`).
 
 Each layer takes and returns the carry of an `nn.scan` (hidden, None). Its activation constraints carry
 the names of the variables MaxText constrains, so a plan's `activations/…/pre_attention_norm` is the
@@ -16,7 +17,7 @@ from reference_models.layers import MlpBlock, RMSNorm
 from reference_models.moe import RoutedAndSharedMoE, RoutedMoE
 from reference_models.sharding import constrain
 
-# The residual stream between and inside layers (both families).
+# The residual stream between and inside layers (every family).
 RESIDUAL = ("activation_batch", "activation_norm_length", "activation_embed")
 
 
@@ -69,4 +70,34 @@ class MixtralLayer(nn.Module):
         )
         moe = RoutedMoE(cfg, ("embed", None), cfg.moe_mlp_dim, name="MoeBlock_0")
         mlp_lnx = named("mlp_lnx", moe(hidden_states))
+        return named("layer_output", mlp_lnx + intermediate_inputs), None
+
+
+class LlamaLayer(nn.Module):
+    """Grouped-query attention, then a dense SwiGLU MLP (`mlp`): MaxText's `LlamaDecoderLayer`, which Llama 2
+    and Llama 3 share.
+
+    MaxText constrains the same six values as Mixtral's layer, on the residual stream's axes, but through
+    `maybe_shard_with_logical`, so its sharding dump records them; it cannot name them (the variable name is
+    looked up one frame too far up) and writes each as `Unknown`, one entry per distinct type and spec.
+    """
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array, _: None) -> tuple[jax.Array, None]:
+        cfg = self.config
+
+        def named(name: str, value: jax.Array) -> jax.Array:
+            return constrain(self.path, name, value, RESIDUAL)
+
+        inputs = named("inputs", inputs)
+        lnx = named("lnx", RMSNorm(cfg.norm_epsilon, name="pre_self_attention_layer_norm")(inputs))
+        attention_lnx = named("attention_lnx", Attention(cfg, name="self_attention")(lnx, lnx))
+        intermediate_inputs = inputs + attention_lnx
+        hidden_states = named(
+            "hidden_states", RMSNorm(cfg.norm_epsilon, name="post_self_attention_layer_norm")(intermediate_inputs)
+        )
+        mlp_lnx = named("mlp_lnx", MlpBlock(cfg, cfg.mlp_dim, name="mlp")(hidden_states))
+        # MaxText constrains the layer output after its (identity) dropout.
         return named("layer_output", mlp_lnx + intermediate_inputs), None

@@ -10,6 +10,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from reference_models.config import DecoderConfig
 from reference_models.sharding import constrain, current_context, entry_axes
@@ -85,6 +86,12 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = logical_param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones)
+        context = current_context()
+        if context is not None and context.explicit and jax.typeof(scale).sharding.spec != (None,):
+            # A scale sharded over an axis the batch also uses (llama2-7b's `norm` on fsdp) cannot broadcast
+            # onto the activations with Explicit axes; MaxText's einsum with the activations' out_sharding
+            # gathers it, as this does.
+            scale = jax.sharding.reshard(scale, jax.sharding.PartitionSpec(None))
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (normed * scale).astype(x.dtype)
@@ -112,10 +119,13 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = self.config.dtype
+        # Named as MaxText names them, for the remat policies (reference_models/remat.py).
         gate = DenseGeneral((self.hidden,), ("embed", "mlp"), dtype=dtype, name="wi_0")(x)
         up = DenseGeneral((self.hidden,), ("embed", "mlp"), dtype=dtype, name="wi_1")(x)
+        gate, up = checkpoint_name(gate, "mlpwi_0"), checkpoint_name(up, "mlpwi_1")
         intermediate = constrain(self.path, "x", nn.silu(gate) * up, MLP_INTERMEDIATE)
-        return DenseGeneral((x.shape[-1],), ("mlp", "embed"), dtype=dtype, name="wo")(intermediate)
+        out = DenseGeneral((x.shape[-1],), ("mlp", "embed"), dtype=dtype, name="wo")(intermediate)
+        return checkpoint_name(out, "mlpwo")
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:

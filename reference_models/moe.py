@@ -27,6 +27,7 @@ from functools import partial
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from reference_models.config import DecoderConfig
@@ -150,9 +151,15 @@ def _exchange_blocks(layout: ExpertLayout) -> jax.Array:
 def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array, layout: ExpertLayout) -> jax.Array:
     """SwiGLU experts on per-expert slots [experts, slots, embed]."""
     dtype = tokens.dtype
-    gate = jnp.einsum("xce,xem->xcm", tokens, wi_0.astype(dtype))
-    up = jnp.einsum("xce,xem->xcm", tokens, wi_1.astype(dtype))
+    # Named as MaxText names them, for the remat policies (reference_models/remat.py).
+    gate = checkpoint_name(
+        checkpoint_name(jnp.einsum("xce,xem->xcm", tokens, wi_0.astype(dtype)), "mlpwi_0"), "moe_mlpwi_0"
+    )
+    up = checkpoint_name(
+        checkpoint_name(jnp.einsum("xce,xem->xcm", tokens, wi_1.astype(dtype)), "mlpwi_1"), "moe_mlpwi_1"
+    )
     out = jnp.einsum("xcm,xme->xce", nn.silu(gate) * up, wo.astype(dtype))
+    out = checkpoint_name(checkpoint_name(out, "mlpwo"), "moe_mlpwo")
     return jax.lax.psum(out, _axis(layout.tp_axes)) if layout.tp_axes else out
 
 

@@ -24,7 +24,7 @@ QUERY = {
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("model", TINY_MODELS)
+@pytest.mark.parametrize("model", (*TINY_MODELS, "llama-tiny"))
 def test_plan_is_complete_and_round_trips(model, preset, tiny_plans):
     plan = tiny_plans(model, preset)
     kinds = {t.kind for _, t in plan.tensors}

@@ -48,13 +48,15 @@ def references(compiled_cases):
     return get
 
 
+# The MoE families' tiny models and the dense one (Llama).
+MODELS = (*TINY_MODELS, "llama-tiny")
 CASES = [(preset, {}) for preset in PRESETS] + [(p, {"shard_mode": "explicit"}) for p in ("default", "ep-tp")]
 
 
 @pytest.mark.parametrize(
     ("preset", "overrides"), CASES, ids=[p + "".join(f"-{v}" for v in o.values()) for p, o in CASES]
 )
-@pytest.mark.parametrize("model", TINY_MODELS)
+@pytest.mark.parametrize("model", MODELS)
 def test_sharded_step_equals_single_device(model, preset, overrides, compiled_cases, references):
     state, batch, (ref_state, ref_metrics) = references(model)
     step = compiled_cases(model, preset, **overrides)
@@ -78,3 +80,40 @@ def test_sharded_step_equals_single_device(model, preset, overrides, compiled_ca
         assert scale > 0, f"zero gradient for {jax.tree_util.keystr(path)}"
         worst = max(worst, float(np.max(np.abs(got - want))) / scale)
     assert worst < GRAD_RTOL_OF_MAX
+
+
+# MaxText's remat policies by name (and `none`): what the backward pass keeps changes, the math does not.
+REMAT_CASES = [
+    ("minimal", ()),
+    ("minimal_with_context", ()),
+    ("save_dot_except_mlp", ()),
+    ("save_qkv_proj", ()),
+    ("save_out_proj", ()),
+    ("minimal_offloaded", ()),
+    ("qkv_proj_offloaded", ()),
+    ("custom", (("query_proj", "offload"), ("mlpwo", "device"))),
+    ("none", ()),
+]
+
+
+@pytest.mark.parametrize(("policy", "custom"), REMAT_CASES, ids=[p for p, _ in REMAT_CASES])
+@pytest.mark.parametrize("model", MODELS)
+def test_every_remat_policy_gives_the_single_device_loss(model, policy, custom, compiled_cases, references):
+    state, batch, (_, ref_metrics) = references(model)
+    extra = {"model.remat_custom": ",".join(f"{k}:{v}" for k, v in custom)} if custom else {}
+    step = compiled_cases(model, "default", **{"model.remat": policy}, **extra)
+    placed_state = jax.device_put(jax.tree.map(np.asarray, state), step.abstract.state_shardings)
+    placed_batch = jax.device_put(batch, step.abstract.batch_shardings)
+    _, metrics = step.compiled(placed_state, placed_batch)
+    np.testing.assert_allclose(float(metrics["loss"]), float(ref_metrics["loss"]), rtol=LOSS_RTOL)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_flash_attention_gives_the_single_device_loss(model, compiled_cases, references):
+    # Blocks of 8 query rows over the tiny models' 32 tokens: four blocks, three of them off the diagonal.
+    state, batch, (_, ref_metrics) = references(model)
+    step = compiled_cases(model, "ep-as-cp", **{"model.attention_kernel": "flash", "model.attention_block": "8"})
+    placed_state = jax.device_put(jax.tree.map(np.asarray, state), step.abstract.state_shardings)
+    placed_batch = jax.device_put(batch, step.abstract.batch_shardings)
+    _, metrics = step.compiled(placed_state, placed_batch)
+    np.testing.assert_allclose(float(metrics["loss"]), float(ref_metrics["loss"]), rtol=LOSS_RTOL)

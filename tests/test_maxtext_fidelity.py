@@ -15,8 +15,15 @@ import pytest
 from reference_models import MODELS
 from shardscope.case import resolve_case
 from shardscope.case.presets import builtin_preset_names, get_preset
+from shardscope.case.resolve import resolve_maxtext_case
 from shardscope.case.rules import drop_unit_axes
-from shardscope.extract.maxtext_dump import DumpActivation, equivalent_mesh_and_settings, parse_dump_path, read_dump
+from shardscope.extract.maxtext_dump import (
+    UNNAMED,
+    DumpActivation,
+    equivalent_mesh_and_settings,
+    parse_dump_path,
+    read_dump,
+)
 from shardscope.golden.pipeline import plan_case
 from shardscope.plan import Plan
 
@@ -29,15 +36,16 @@ RULES = MAXTEXT / "rules"
 
 # The source file MaxText names an activation after, by the module that makes the constraint here.
 _FILE_OF_PARENT = {
-    "self_attention": {"deepseek": "attention_mla", "mixtral": "attentions"},
-    "mlp": {"deepseek": "linears"},
+    "self_attention": {"deepseek": "attention_mla", "mixtral": "attentions", "llama": "attentions"},
+    "mlp": {"deepseek": "linears", "llama": "linears"},
     "shared_experts": {"deepseek": "linears"},
     "MoeBlock_0": {"deepseek": "moe", "mixtral": "moe"},
 }
 _LAYER_STACKS = ("dense_layers", "moe_layers", "layers")
 # MaxText's Mixtral layer constrains its residual stream with nn.with_logical_constraint, which its dump does
-# not record; DeepSeek's layer records it (as "deepseek/…").
-_RECORDED_LAYER_FILE = {"deepseek": "deepseek"}
+# not record; DeepSeek's layer records it (as "deepseek/…"); Llama's records it without a name ("Unknown",
+# one entry per distinct type and spec, as a set of ours with the name "Unknown" is).
+_RECORDED_LAYER_FILE = {"deepseek": "deepseek", "llama": UNNAMED}
 # Constraints MaxText makes inside its TPU attention kernel, which the plain attention here does not have.
 UNMODELLED_FILES = {"attention_op"}
 
@@ -53,11 +61,30 @@ def maxtext_file(path: str, family: str) -> str | None:
     return _FILE_OF_PARENT.get(parent, {}).get(family)
 
 
-def plan_like_dump(directory: Path) -> Plan:
+def maxtext_command_line(directory: Path) -> tuple[str | None, str]:
+    """The preset file (for a rule file of a user's) and the MaxText command line the dump was made with: its
+    rule as `custom_mesh_and_rule`, its topology as `compile_topology`, its overrides as written."""
     case = parse_dump_path(directory)
-    preset = case.rule if case.rule in builtin_preset_names() else str(RULES / f"{case.rule}.yml")
-    mesh, settings = equivalent_mesh_and_settings(case, get_preset(preset).mesh_axes)
-    return plan_case(resolve_case(case.model, preset, case.topology, mesh, settings), tensors_only=True)
+    words = [f"compile_topology={case.topology}", f"compile_topology_num_slices={case.slices}"]
+    preset = None
+    if case.rule in builtin_preset_names():
+        words.append(f"custom_mesh_and_rule={case.rule}")
+    else:
+        preset = str(RULES / f"{case.rule}.yml")
+    words += [f"{key}={value}" for key, value in case.overrides]
+    return preset, " ".join(words)
+
+
+def maxtext_name(path: str, file: str) -> str:
+    """The name MaxText's dump gives this activation: its variable's, unless MaxText could not name it."""
+    return UNNAMED if file == UNNAMED else path.rsplit("/", 1)[-1]
+
+
+def plan_like_dump(directory: Path) -> Plan:
+    """The case planned from MaxText's own command line (`--maxtext`), as a user would give it."""
+    preset, command = maxtext_command_line(directory)
+    case, _ = resolve_maxtext_case(parse_dump_path(directory).model, preset, None, command)
+    return plan_case(case, tensors_only=True)
 
 
 def their_entry(activation: DumpActivation, sizes: dict[str, int]) -> Entry:
@@ -73,7 +100,7 @@ def dump_and_plan(request):
 def test_dumps_cover_the_goldens_and_every_model():
     assert len(DUMPS) >= 8
     models = {parse_dump_path(d).model for d in DUMPS}
-    assert {"deepseek2-16b", "deepseek3-671b", "mixtral-8x7b", "mixtral-8x22b"} <= models
+    assert {"deepseek2-16b", "deepseek3-671b", "mixtral-8x7b", "mixtral-8x22b", "llama2-7b", "llama3-8b"} <= models
     goldens = [d for d in DUMPS if parse_dump_path(d).model == "deepseek2-16b"]
     assert {parse_dump_path(d).rule for d in goldens} >= {
         "default",
@@ -98,7 +125,8 @@ def test_train_state_is_maxtexts(dump_and_plan):
     # MaxText's train state also counts steps (`step`); the optimizer's own counts are compared.
     theirs = {t.path: t for t in dump.tensors if t.path != "step"}
     assert sorted(ours) == sorted(theirs)
-    assert sum(1 for path in theirs if path.startswith("params/")) >= 13
+    # Llama has the fewest parameters: embedding, 2 layer norms, q/k/v/out, wi_0/wi_1/wo, final norm, logits.
+    assert sum(1 for path in theirs if path.startswith("params/")) >= 12
     assert sum(1 for path in theirs if "/mu/" in path or "/nu/" in path) == 2 * sum(
         1 for path in theirs if path.startswith("params/")
     )
@@ -114,12 +142,12 @@ def test_train_state_is_maxtexts(dump_and_plan):
 def test_activations_are_maxtexts(dump_and_plan):
     dump, plan = dump_and_plan
     sizes = dict(dump.mesh)
-    family = "deepseek" if plan.case.model.startswith("deepseek") else "mixtral"
+    family = MODELS[plan.case.model].family
     theirs = {their_entry(a, sizes) for a in dump.activations if a.module_file not in UNMODELLED_FILES}
     ours = set()
     for path, t in plan.tensors:
         if t.kind == "activation" and (file := maxtext_file(path, family)) is not None:
-            ours.add((file, path.rsplit("/", 1)[-1], t.shape, t.dtype, t.logical, t.spec))
+            ours.add((file, maxtext_name(path, file), t.shape, t.dtype, t.logical, t.spec))
     assert ours == theirs
     named = [a for a in dump.activations if a.logical is not None]
     assert len(named) >= 8

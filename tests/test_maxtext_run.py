@@ -14,6 +14,7 @@ import yaml
 import shardscope
 from shardscope.case.maxtext_run import RUN_ONLY_KEYS, check_maxtext_value, maxtext_defaults, maxtext_run
 from shardscope.case.resolve import resolve_case, resolve_maxtext_case
+from shardscope.case.tpu import libtpu_version
 from shardscope.errors import ShardscopeError
 from shardscope.golden.pipeline import plan_case
 from shardscope.plan import plan_to_json
@@ -49,7 +50,9 @@ def test_a_command_line_plans_the_same_case_as_presets_mesh_and_settings():
         "ep-as-cp",
         "cpu-8",
         {"data": 1, "stage": 1, "fsdp": 4, "expert": 2},
-        {"model.seq_len": "32", "model.per_device_batch": "1", "model.global_batch": "0"},
+        {"model.seq_len": "32", "model.per_device_batch": "1", "model.global_batch": "0"}
+        # How the step runs, MaxText's defaults (base.yml): its attention kernel, bfloat16, full remat.
+        | {"model.attention_kernel": "autoselected", "model.dtype": "bfloat16", "model.remat": "full"},
     )
     assert case == same
     assert plan_to_json(plan_case(case, tensors_only=True)) == plan_to_json(plan_case(same, tensors_only=True))
@@ -88,11 +91,24 @@ def test_keys_that_change_the_step_but_are_not_modelled_are_named():
     run = maxtext_run("use_iota_embed=true steps=3 attention=dot_product", "mixtral-tiny", ("fsdp",), 8, 1, True)
     (line,) = [w for w in run.warnings if "not modelled, planned without them" in w]
     assert "use_iota_embed=true" in line and "steps" not in line
-    assert not any("attention" in w for w in run.warnings)  # dot_product is what is planned
-    # MaxText's own defaults that the plan departs from are said too (once each).
+    assert dict(run.settings)["model.attention_kernel"] == "dot_product"
+    # MaxText's own defaults that the plan departs from are said too.
     run = maxtext_run("", "mixtral-tiny", ("fsdp",), 8, 1, True)
-    assert any("splash" in w for w in run.warnings) and any("sparse_matmul" in w for w in run.warnings)
+    assert any("sparse_matmul" in w for w in run.warnings)
+    assert dict(run.settings)["model.attention_kernel"] == "autoselected"  # base.yml's default, modelled
     assert not any("sparse_matmul" in w for w in maxtext_run("", "m", ("fsdp",), 8, 1, False).warnings)
+
+
+def test_remat_policies_are_maxtexts_and_none_runs_as_full():
+    settings = dict(maxtext_run("remat_policy=minimal_offloaded", "m", ("fsdp",), 8, 1, False).settings)
+    assert settings["model.remat"] == "minimal_offloaded"
+    # MaxText's `none` builds no policy, and nn.remat without one saves nothing but the layer's input: full.
+    assert dict(maxtext_run("remat_policy=none", "m", ("fsdp",), 8, 1, False).settings)["model.remat"] == "full"
+    run = maxtext_run("remat_policy=custom query_proj=offload mlpwo=device", "m", ("fsdp",), 8, 1, False)
+    # base.yml's defaults for the other per-tensor keys: decoder_layer_input on the device, the rest remat.
+    assert dict(run.settings)["model.remat_custom"] == "decoder_layer_input:device,mlpwo:device,query_proj:offload"
+    run = maxtext_run("remat_policy=custom decoder_layer_input=offload", "m", ("fsdp",), 8, 1, False)
+    assert any("decoder_layer_input=offload is not modelled" in w for w in run.warnings)
 
 
 def test_the_library_takes_a_command_line_and_warns():
@@ -113,3 +129,21 @@ def test_cli_prints_warnings_on_stderr_and_plans(tmp_path):
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert any("use_iota_embed=true" in line for line in warnings)
     assert yaml.safe_load(out.read_text())["case"]["overrides"]["model.seq_len"] == "32"
+
+
+SEED_003 = "compile_topology=v5p-8 ici_pipeline_parallelism=2 num_pipeline_microbatches=8"
+
+
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_seed_003_plans_from_its_command_line(mode):
+    # MaxText PR 2744's Llama2-7B runs on v5p-8: two pipeline stages of 16 layers, 8 microbatches of 6 sequences.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = shardscope.plan_case("llama2-7b", maxtext=f"{SEED_003} shard_mode={mode}", tensors_only=True)
+    assert dict(plan.case.mesh)["stage"] == 2 and dict(plan.case.mesh)["fsdp"] == 2
+    assert plan.case.axis_types == mode
+    assert dict(plan.case.overrides)["pipeline.microbatches"] == "8"
+    # Each stage holds half of the 32 layers: the stacked dimension of every layer weight is on `stage`.
+    query = dict(plan.tensors)["params/decoder/layers/self_attention/query/kernel"]
+    assert query.shape[1] == 32 and "stage" in str(query.spec[1])

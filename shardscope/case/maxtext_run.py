@@ -8,9 +8,11 @@ accepts, is refused naming the key. A key MaxText accepts that changes the step 
 model is reported by name (never dropped silently); keys that only steer a run (data, checkpoints,
 logging, learning rate) change no sharding and no memory and are accepted quietly.
 
-What MaxText leaves to its defaults stays as the model flavor has it: the flavors of MaxText's models carry
-MaxText's model yml and base.yml run settings (batch 12 × 2048, bfloat16 activations, full remat), so
-the defaults agree there; where they do not (the MoE's capacity factor), the warning says so.
+What MaxText leaves to its defaults: how the step runs takes base.yml's values (`attention`, `dtype`,
+`remat_policy`: the TPU attention kernel, bfloat16 activations, full remat), on every model; the model's
+shape and batch stay as the flavor has them (the flavors of MaxText's models carry MaxText's model yml and
+its default batch of 12 × 2048; shardscope's small flavors are its own). Where a default is not modelled
+(MaxText's dropless sparse-matmul MoE), a warning says so.
 """
 
 from __future__ import annotations
@@ -27,136 +29,9 @@ from typing import Any
 
 import yaml
 
+from shardscope.case.maxtext_keys import CHOICES, CUSTOM_REMAT_KEYS, RUN_ONLY_KEYS
 from shardscope.errors import ShardscopeError
 
-# The values MaxText accepts for keys whose type (str) says too little (configs/types.py, layers/decoders.py).
-REMAT_POLICIES = (
-    "full",
-    "none",
-    "minimal",
-    "minimal_with_context",
-    "minimal_flash",
-    "save_dot_with_context_except_mlp",
-    "save_dot_except_mlpwi",
-    "save_dot_except_mlp",
-    "save_qkv_proj",
-    "qkv_proj_offloaded",
-    "minimal_offloaded",
-    "custom",
-    "save_out_proj",
-)
-REMAT_LOCATIONS = ("remat", "device", "offload")
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "remat_policy": REMAT_POLICIES,
-    "dtype": ("bfloat16", "float32", "float16"),
-    "weight_dtype": ("bfloat16", "float32", "float16"),
-    "grad_dtype": ("bfloat16", "float32", "float16"),
-    "shard_mode": ("auto", "explicit"),
-    "opt_type": ("adamw", "adam_pax", "sgd", "muon"),
-    "attention": ("autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"),
-}
-# The per-tensor keys of `remat_policy=custom` (base.yml), each one of REMAT_LOCATIONS.
-CUSTOM_REMAT_KEYS = (
-    "decoder_layer_input",
-    "context",
-    "mlpwi",
-    "mlpwi_0",
-    "mlpwi_1",
-    "mlpwo",
-    "moe_mlpwi_0",
-    "moe_mlpwi_1",
-    "moe_mlpwo",
-    "query_proj",
-    "key_proj",
-    "value_proj",
-    "kv_proj",
-    "qkv_proj",
-    "out_proj",
-    "query_wa_proj",
-    "kv_wa_proj",
-    "mla_q",
-    "mla_kv",
-    "attention_out",
-    "indexer_cutoff_threshold",
-    "engram",
-)
-for _remat_key in CUSTOM_REMAT_KEYS:
-    _CHOICES[_remat_key] = REMAT_LOCATIONS
-
-# Keys that steer a run but not the step it compiles: no sharding, shape or memory depends on them.
-RUN_ONLY_KEYS = frozenset(
-    {
-        "run_name",
-        "steps",
-        "base_output_directory",
-        "dataset_type",
-        "dataset_path",
-        "dataset_name",
-        "eval_dataset_name",
-        "train_split",
-        "eval_split",
-        "tokenizer_path",
-        "tokenizer_type",
-        "enable_checkpointing",
-        "async_checkpointing",
-        "checkpoint_period",
-        "load_parameters_path",
-        "load_full_state_path",
-        "log_period",
-        "profiler",
-        "profiler_steps",
-        "skip_first_n_steps_for_profiler",
-        "upload_all_profiler_results",
-        "enable_goodput_recording",
-        "monitor_goodput",
-        "enable_pathways_goodput",
-        "metrics_file",
-        "gcs_metrics",
-        "save_config_to_gcs",
-        "enable_tensorboard",
-        "use_vertex_tensorboard",
-        "vertex_tensorboard_project",
-        "vertex_tensorboard_region",
-        "learning_rate",
-        "warmup_steps_fraction",
-        "learning_rate_schedule_steps",
-        "adam_b1",
-        "adam_b2",
-        "adam_eps",
-        "adam_eps_root",
-        "adam_weight_decay",
-        "init_weights_seed",
-        "data_shuffle_seed",
-        "enable_data_shuffling",
-        "eval_interval",
-        "eval_steps",
-        "reuse_example_batch",
-        "jax_cache_dir",
-        "hardware",
-        "skip_jax_distributed_system",
-        "enable_single_controller",
-        "compiled_trainstep_file",
-        "dump_hlo",
-        "dump_hlo_gcs_dir",
-        "dump_hlo_xla_flags",
-        "dump_hlo_local_dir",
-        "dump_step",
-        "packing",
-        "grain_worker_count",
-        "grain_train_files",
-        "hf_path",
-        "hf_data_dir",
-        "hf_train_files",
-        "add_bos",
-        "add_eos",
-        "enable_model_warmup",
-        "model_call_mode",
-        "max_checkify",
-        "log_config",
-        "debug_sharding",
-        "attention_bias",
-    }
-)
 _PARALLELISM = re.compile(r"(ici|dcn)_(\w+)_parallelism")
 # MaxText names the pipeline's mesh axis `stage` but its parallelism key `pipeline`.
 _AXIS_OF_KEY = {"pipeline": "stage"}
@@ -253,8 +128,8 @@ def check_maxtext_value(key: str, text: str) -> Any:
             raise ShardscopeError(f"--maxtext {key}={text}: expected a {type(default).__name__} (YAML)")
     else:
         value = text.strip("'\"")
-    if key in _CHOICES and value not in _CHOICES[key]:
-        raise ShardscopeError(f"--maxtext {key}={text}: expected one of {', '.join(_CHOICES[key])}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ShardscopeError(f"--maxtext {key}={text}: expected one of {', '.join(CHOICES[key])}")
     return value
 
 
@@ -378,15 +253,24 @@ def _settings(
         warnings.append(
             f"MaxText keys that change the step but are not modelled, planned without them: {', '.join(unmodelled)}"
         )
+    if values.get("remat_policy") == "custom":
+        defaults = maxtext_defaults()
+        places = {key: values.get(key, defaults[key]) for key in CUSTOM_REMAT_KEYS}
+        settings["model.remat_custom"] = ",".join(f"{k}:{v}" for k, v in places.items() if v != "remat")
+        if places["decoder_layer_input"] != "device":
+            warnings.append(
+                f"decoder_layer_input={places['decoder_layer_input']} is not modelled: a layer's input stays on the "
+                "device"
+            )
     stages = mesh.get("stage", 1)
     if stages > 1:
         microbatches = values.get("num_pipeline_microbatches", -1)
         settings["pipeline.microbatches"] = str(stages if microbatches == -1 else microbatches)
-    if values.get("attention", "autoselected") in ("autoselected", "flash"):
-        warnings.append(
-            "MaxText's attention on TPU (autoselected: the flash/splash kernel) is not modelled: attention is planned "
-            "as dot_product, which keeps [seq × seq] scores (set attention=dot_product to plan MaxText's own path)"
-        )
+    # How the step runs: base.yml's defaults where the command line is silent.
+    defaults = maxtext_defaults()
+    for key in _RUN_DEFAULTS:
+        if key not in values:
+            settings.update(_MODEL_KEYS[key](defaults[key]) or {})
     if moe and values.get("sparse_matmul", True) and "capacity_factor" not in values:
         warnings.append(
             "MaxText's dropless sparse_matmul MoE is not modelled: the MoE is planned capacity-padded with the "
@@ -403,8 +287,9 @@ def _capacity(value: float) -> dict[str, str]:
     return {"model.capacity_factor": "none" if value < 0 else f"{value:g}"}
 
 
-def _remat(value: str) -> dict[str, str] | None:
-    return {"model.remat": value} if value in ("full", "none") else None
+def _remat(value: str) -> dict[str, str]:
+    # MaxText runs `none` as `full` (no policy: nn.remat saves nothing but the layer's input).
+    return {"model.remat": "full" if value == "none" else value}
 
 
 # MaxText keys with a shardscope setting: key → its setting(s), or None when this value is not modelled.
@@ -416,10 +301,13 @@ _MODEL_KEYS: dict[str, Any] = {
     "dtype": lambda v: {"model.dtype": v} if v != "float16" else None,
     "capacity_factor": _capacity,
     "remat_policy": _remat,
+    "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
     "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
     "shard_mode": lambda v: {"shard_mode": v},
     "num_pipeline_repeats": lambda v: {} if v in (-1, 1) else None,
 }
+# Keys whose base.yml default applies when the command line does not give them (how the step runs).
+_RUN_DEFAULTS = ("attention", "dtype", "remat_policy")
 # Keys read by `maxtext_run` itself (the mesh, the preset, the topology, the model's name, the pipeline).
 _HANDLED_ELSEWHERE = frozenset(
     {
@@ -430,6 +318,7 @@ _HANDLED_ELSEWHERE = frozenset(
         "num_slices",
         "num_pipeline_microbatches",
         "mesh_axes",
+        *CUSTOM_REMAT_KEYS,
     }
 )
 # Keys whose value here is what shardscope plans anyway (weights and optimizer state in float32, AdamW,
@@ -440,7 +329,6 @@ _SAME_AS_PLANNED: dict[str, Any] = {
     "opt_type": "adamw",
     "scan_layers": True,
     "param_scan_axis": 1,
-    "attention": "dot_product",
     "sparse_matmul": False,
     "megablox": False,
     "decoder_layer_input": "device",

@@ -396,6 +396,17 @@ def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Pres
     return preset
 
 
+def with_model_rules(preset: Preset, model_rules: tuple[Rule, ...]) -> Preset:
+    """The preset with a model's own rules (MaxText's model yml `logical_axis_rules`), merged as MaxText merges
+    them into base.yml's: each replaces the rules of its logical name and goes last. Only MaxText's defaults
+    (`default`) take them: any other preset is a `custom_mesh_and_rule` file, whose rules replace them all."""
+    if not model_rules or preset.name != "default":
+        return preset
+    names = {logical for logical, _ in model_rules}
+    kept = tuple(rule for rule in preset.logical_axis_rules if rule[0] not in names)
+    return dataclasses.replace(preset, logical_axis_rules=kept + tuple(model_rules))
+
+
 def _positive_int(key: str, value: str) -> int:
     try:
         number = int(value)

@@ -191,7 +191,7 @@ def _check_pipeline(case: Case) -> None:
     where = f"preset {case.preset.name}: pipeline over {pipeline.stage_axis}={stages}"
     if pipeline.repeats != 1:
         raise ShardscopeError(f"{where}: repeats={pipeline.repeats} (circular pipelines) are not supported; use 1")
-    layers = case.model.num_moe_layers
+    layers = case.model.main_stack_layers
     if layers % stages:
         raise ShardscopeError(
             f"{where}: the main layer stack of {case.model_name} has {layers} layers, which {stages} stages do not "

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reference_models import DecoderConfig
+from reference_models.config import ATTENTION_KERNELS, REMAT_POLICIES
 from shardscope.errors import ShardscopeError
 
 # Activation dtypes, with the short names people type.
@@ -55,8 +56,27 @@ def _dtype(text: str) -> str:
 
 
 def _remat(text: str) -> str:
-    if text not in ("full", "none"):
-        raise ValueError("expected full (recompute each layer in the backward pass, MaxText's default) or none")
+    if text not in REMAT_POLICIES:
+        raise ValueError(
+            f"expected a MaxText remat policy ({', '.join(p for p in REMAT_POLICIES if p != 'none')}) or none "
+            "(no remat)"
+        )
+    return text
+
+
+def _remat_custom(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, where = part.partition(":")
+        if not sep or where not in ("device", "offload", "remat") or not name:
+            raise ValueError("expected name:where pairs, where is device, offload or remat (query_proj:offload,…)")
+        pairs.append((name, where))
+    return tuple(pairs)
+
+
+def _attention_kernel(text: str) -> str:
+    if text not in ATTENTION_KERNELS:
+        raise ValueError(f"expected one of {', '.join(ATTENTION_KERNELS)}")
     return text
 
 
@@ -69,6 +89,9 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "first_dense_layers": lambda text: _whole(text, 0, "a whole number of layers"),
     "dtype": _dtype,
     "remat": _remat,
+    "remat_custom": _remat_custom,
+    "attention_kernel": _attention_kernel,
+    "attention_block": lambda text: _whole(text, 1, "a positive integer (query rows per block)"),
 }
 MODEL_SETTABLE = tuple(MODEL_FIELDS)
 
@@ -101,6 +124,8 @@ def check_model(name: str, model: DecoderConfig, num_devices: int) -> None:
         )
     if model.family == "mixtral" and model.first_dense_layers:
         raise ShardscopeError(f"{name}: Mixtral has no dense layers; --set model.first_dense_layers must be 0")
+    if model.family == "llama" and model.first_dense_layers:
+        raise ShardscopeError(f"{name}: every Llama layer is dense; --set model.first_dense_layers must be 0")
     if not model.global_batch:
         batch = model.per_device_batch * num_devices
         if batch < 1 or batch != int(batch):

@@ -16,7 +16,6 @@ from shardscope.errors import ShardscopeError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from shardscope.case.resolve import Case
     from shardscope.plan.document import Plan
 
 app = typer.Typer(
@@ -95,41 +94,6 @@ def fail(err: ShardscopeError) -> NoReturn:
     """A wrong input: one line on stderr, exit 2."""
     typer.echo(f"shardscope: error: {err}", err=True)
     raise typer.Exit(2)
-
-
-def warn(lines: Sequence[str]) -> None:
-    """Warnings, one line each, on standard error (the output stays clean for pipes)."""
-    for line in lines:
-        typer.echo(f"warning: {line}", err=True)
-
-
-def resolve_cli_case(
-    model: str,
-    preset: str,
-    topology: str,
-    mesh: str | None,
-    settings: Sequence[str] | None,
-    maxtext: str | None,
-) -> Case:
-    """The case the options name: `--maxtext` (MaxText's keys size the mesh and pick the rules; an explicit
-    `--preset`/`--topology` must agree with them) or `--preset`/`--mesh`; warnings printed on standard error.
-
-    Raises:
-      ShardscopeError: any input that is wrong.
-    """
-    # lazy: off the --help path
-    from shardscope.case.resolve import parse_overrides, resolve_case, resolve_maxtext_case
-    from shardscope.case.topology import parse_mesh_arg
-
-    if maxtext is None:
-        return resolve_case(model, preset, topology, parse_mesh_arg(mesh or ""), parse_overrides(settings or []))
-    if mesh:
-        raise ShardscopeError("--mesh with --maxtext: size the mesh with MaxText's ici_*_parallelism keys")
-    chosen_preset = None if preset == "default" else preset
-    chosen_topology = None if topology == "cpu-8" else topology
-    case, run = resolve_maxtext_case(model, chosen_preset, chosen_topology, maxtext, parse_overrides(settings or []))
-    warn(run.warnings)
-    return case
 
 
 def make_console() -> Console:

@@ -13,12 +13,14 @@ from shardscope.cli.app import (
     HardwareOption,
     JobsOption,
     JsonOption,
+    MaxTextOption,
     MeshOption,
     NoCacheOption,
     app,
     fail,
     make_console,
 )
+from shardscope.cli.case_options import resolve_cli_case
 from shardscope.errors import ShardscopeError
 
 
@@ -37,6 +39,7 @@ def compare_command(
     no_cache: NoCacheOption = False,
     hardware: HardwareOption = None,
     efficiency: EfficiencyOption = None,
+    maxtext: MaxTextOption = None,
 ) -> None:
     """Plans a model under several presets and lays them side by side, the best value of each row marked."""
     from shardscope.case.presets import builtin_preset_names  # lazy: off the --help path (no JAX)
@@ -46,13 +49,24 @@ def compare_command(
     names = list(presets or builtin_preset_names())
     cases = [
         GoldenCase(
-            model, p, topology, mesh or "", tuple(settings or ()), name=f"{i}", hardware=hardware, efficiency=efficiency
+            model,
+            p,
+            topology,
+            mesh or "",
+            tuple(settings or ()),
+            name=f"{i}",
+            hardware=hardware,
+            efficiency=efficiency,
+            maxtext=maxtext or "",
         )
         for i, p in enumerate(names)
     ]
     try:
         if len(set(names)) != len(names):
             raise ShardscopeError(f"--preset: each preset once, found {', '.join(names)}")
+        if maxtext is not None:
+            # Checked (and its warnings shown) once, before any compile: every preset shares the command line.
+            resolve_cli_case(model, names[0], topology, mesh, settings, maxtext)
         if html is not None:
             from shardscope.atomic import check_writable  # lazy: off the --help path (no JAX)
 

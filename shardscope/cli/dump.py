@@ -23,9 +23,9 @@ from shardscope.cli.app import (
     fail,
     make_console,
     quiet_compiler_logs,
-    resolve_cli_case,
     write_output,
 )
+from shardscope.cli.case_options import resolve_cli_case
 from shardscope.errors import ShardscopeError
 
 

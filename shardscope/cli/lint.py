@@ -20,8 +20,8 @@ from shardscope.cli.app import (
     fail,
     make_console,
     quiet_compiler_logs,
-    resolve_cli_case,
 )
+from shardscope.cli.case_options import resolve_cli_case
 from shardscope.errors import ShardscopeError
 
 FAIL_ON = ("info", "warning", "error")

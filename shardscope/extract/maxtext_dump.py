@@ -4,7 +4,8 @@ A dump directory holds three files that MaxText's `sharding_dump.py` writes:
 - `named_shardings.json`: per train-state leaf, the mesh, physical spec and shape;
 - `logical_shardings.json`: per leaf, the logical axes;
 - `input_shardings.json`: the activation constraints traced with `debug_sharding` ("file/variable: dtype[shape]"
-  → logical axes and physical spec, both as Python reprs).
+  → logical axes and physical spec, both as Python reprs; "Unknown: dtype[shape]" where MaxText could not name
+  the variable, once per distinct type and spec).
 
 Paths are normalised to shardscope's: `.params/['params']/['decoder']/…` → `params/decoder/…`,
 `.opt_state/[0]/.mu/['params']/…` → `opt_state/0/mu/…` (the Flax `params` collection level is dropped).
@@ -27,7 +28,10 @@ from shardscope.plan.records import TENSORS_ONLY, CaseRecord, TensorRecord, tens
 
 DUMP_FILES = ("named_shardings.json", "logical_shardings.json", "input_shardings.json")
 _KEY_PART = re.compile(r"\['([^']*)'\]|\[(\d+)\]|\.(\w+)")
-_ACTIVATION_KEY = re.compile(r"(?P<file>[^/]+)/(?P<name>[^:]+): (?P<dtype>\w+)\[(?P<shape>[\d,]*)\]")
+# "file/variable: dtype[shape]", or "Unknown: dtype[shape]" where MaxText could not name the variable (the
+# constraints of its Llama layer): read as file and name "Unknown".
+_ACTIVATION_KEY = re.compile(r"(?:(?P<file>[^/:]+)/)?(?P<name>[^:]+): (?P<dtype>\w+)\[(?P<shape>[\d,]*)\]")
+UNNAMED = "Unknown"
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,9 @@ def _activation(key: str, entry: dict[str, Any], where: str) -> DumpActivation:
     pspec = str(entry.get("PartitionSpec", "P()"))
     spec = tuple(_spec_entry(e) for e in _parse_repr_tuple(pspec.removeprefix("P"), where))
     shape = tuple(int(d) for d in match["shape"].split(",") if d)
-    return DumpActivation(match["file"], match["name"], match["dtype"], shape, logical, spec)
+    if match["file"] is None and match["name"] != UNNAMED:
+        raise ShardscopeError(f"{where}: unexpected activation entry {key!r}")
+    return DumpActivation(match["file"] or UNNAMED, match["name"], match["dtype"], shape, logical, spec)
 
 
 def _load(path: Path) -> Any:

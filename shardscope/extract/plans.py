@@ -25,16 +25,18 @@ def _memory(compiled: Any) -> tuple[tuple[str, int], ...]:
     analysis = compiled.memory_analysis()
     if analysis is None:
         return ()
-    return tuple(
-        sorted(
-            {
-                "argument_bytes": int(analysis.argument_size_in_bytes),
-                "output_bytes": int(analysis.output_size_in_bytes),
-                "alias_bytes": int(analysis.alias_size_in_bytes),
-                "temp_bytes": int(analysis.temp_size_in_bytes),
-            }.items()
-        )
-    )
+    figures = {
+        "argument_bytes": int(analysis.argument_size_in_bytes),
+        "output_bytes": int(analysis.output_size_in_bytes),
+        "alias_bytes": int(analysis.alias_size_in_bytes),
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+    }
+    # Host memory a remat policy offloads to (TPU: pinned host); recorded only when there is some, so plans
+    # without offload keep their four figures.
+    host = int(getattr(analysis, "host_temp_size_in_bytes", 0) or 0)
+    if host:
+        figures["host_temp_bytes"] = host
+    return tuple(sorted(figures.items()))
 
 
 def provenance(platform: str, compiler_options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

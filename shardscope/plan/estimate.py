@@ -55,13 +55,16 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        """Whether the need fits the device's HBM."""
-        return self.total <= self.capacity
+        """Whether the step fits the device's HBM. From a TPU compile for this generation, always: the TPU
+        compiler refuses a step it cannot fit, so one that compiled fits, even where the static sum of its
+        figures (which counts buffers alive at different times together) is above capacity. Otherwise the
+        estimate against capacity."""
+        return self.exact or self.total <= self.capacity
 
     @property
     def over(self) -> int:
         """Bytes beyond capacity (0 when it fits)."""
-        return max(0, self.total - self.capacity)
+        return 0 if self.fits else self.total - self.capacity
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ def catalogue_to_json() -> dict[str, Any]:
             name: {
                 "family": cfg.family,
                 "layers": cfg.num_layers,
-                "dense_layers": cfg.first_dense_layers,
+                # Layers with a dense MLP: DeepSeek's first ones, every Llama layer.
+                "dense_layers": cfg.num_layers - cfg.num_moe_layers,
                 "experts": cfg.num_experts,
                 "experts_per_token": cfg.num_experts_per_token,
                 "embed": cfg.embed_dim,
@@ -54,8 +55,8 @@ def catalogue_renderables() -> tuple[RenderableType, ...]:
         models.add_row(
             name,
             cfg.family,
-            f"{cfg.num_layers} ({cfg.first_dense_layers} dense)",
-            f"{cfg.num_experts} ({cfg.num_experts_per_token})",
+            f"{cfg.num_layers} ({cfg.num_layers - cfg.num_moe_layers} dense)",
+            f"{cfg.num_experts} ({cfg.num_experts_per_token})" if cfg.num_experts else "none",
             str(cfg.embed_dim),
             str(cfg.seq_len),
         )

@@ -40,6 +40,11 @@ def memory_verdict(estimate: Estimate) -> str:
     """ "fits: 37.2 GiB of 95.0 GiB (39%)" or "does not fit: 1.2 TiB of 95.0 GiB, 1.1 TiB over"."""
     memory = estimate.memory
     share = f"{100 * memory.total / memory.capacity:.0f}%"
+    if memory.exact and memory.total > memory.capacity:
+        return (
+            f"fits: the TPU compiler placed the step (the static sum of its figures, {human_bytes(memory.total)} "
+            f"of {human_bytes(memory.capacity)}, counts buffers alive at different times together)"
+        )
     if memory.fits:
         return f"fits: {human_bytes(memory.total)} of {human_bytes(memory.capacity)} ({share})"
     return (
