@@ -8,11 +8,21 @@ from pathlib import Path
 
 from shardscope.errors import ShardscopeError
 
+# Temporary files of writes in flight: what an interrupt removes before the process ends (`interrupts`).
+_PENDING: set[str] = set()
+
+
+def remove_pending_writes() -> None:
+    """Removes the temporary files of writes in flight (the targets keep their old content)."""
+    for tmp in list(_PENDING):
+        Path(tmp).unlink(missing_ok=True)
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Writes `text` to `path` through a temporary file in the same directory and an atomic rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _PENDING.add(tmp)
     umask = os.umask(0)
     os.umask(umask)
     try:
@@ -26,6 +36,8 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        _PENDING.discard(tmp)
 
 
 def check_writable(path: Path, what: str = "output") -> None:

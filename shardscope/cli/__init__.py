@@ -8,6 +8,7 @@ import importlib
 import typer
 
 from shardscope.cli.app import app
+from shardscope.interrupts import exit_on_interrupt
 
 # Each command registers itself on `app` when its module is imported; `--help` lists them in this order.
 COMMANDS = (
@@ -30,7 +31,8 @@ for _command in COMMANDS:
 
 def main() -> None:
     """Console-script entry point: a usage mistake (an unknown option, a missing argument) is one line and
-    exit 2, like every other wrong input."""
+    exit 2, like every other wrong input; Ctrl-C or SIGTERM anywhere is one line and exit 130."""
+    exit_on_interrupt()
     try:
         code = app(prog_name="shardscope", standalone_mode=False)
     except typer.TyperException as err:

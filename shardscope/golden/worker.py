@@ -10,6 +10,7 @@ from shardscope.case.topology import Topology, get_topology, parse_mesh_arg
 from shardscope.cost.price import check_pricing
 from shardscope.errors import ShardscopeError
 from shardscope.golden.cases import GoldenCase
+from shardscope.interrupts import exit_on_interrupt
 from shardscope.plan.json import plan_to_json
 from shardscope.stages.compiler_log import prepare_compiler_log
 from shardscope.stages.devices import configure_cpu_devices, quiet_libtpu
@@ -54,7 +55,8 @@ def resolve_golden_case(case: GoldenCase) -> Case | StepCase:
 
 def start_worker(devices: int) -> None:
     """Prepares a worker process (local or on a cluster) before its JAX starts: a CPU pool of `devices`,
-    compiler logs captured, libtpu quiet."""
+    compiler logs captured, libtpu quiet, and an interrupt ending it silently (the parent says so)."""
+    exit_on_interrupt(message=None)
     prepare_compiler_log()
     quiet_libtpu()
     configure_cpu_devices(devices)

@@ -1,0 +1,90 @@
+"""Ctrl-C is input too: sent to the whole process group (as a terminal sends it) at several points of a dump,
+a check and an advise, it ends everything within seconds with exit 130 and one line, leaving no partial
+file and no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import shardscope
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _interrupt(args: list[str], delay: float, cwd: Path) -> tuple[int, list[str], float]:
+    """Runs `shardscope ARGS`, sends SIGINT to its process group after `delay` seconds; (exit code, stderr
+    lines, seconds from the signal to the exit). Fails if any process of the group outlives it by 10 s."""
+    env = dict(os.environ, SHARDSCOPE_CACHE_DIR=str(cwd / "cache"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shardscope.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, with Ctrl-C's default disposition restored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(delay)
+    if process.poll() is not None:
+        pytest.fail(f"{args} ended before the signal; choose an earlier point")
+    os.killpg(process.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, err = process.communicate(timeout=30)
+    took = time.monotonic() - sent
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"{args}: processes of the group outlived the interrupt by 10 s")
+    return process.returncode, err.splitlines(), took
+
+
+def _assert_interrupted(code: int, lines: list[str], took: float) -> None:
+    assert code == 130, lines
+    assert lines == ["shardscope: interrupted"], lines
+    assert took <= 10
+
+
+@pytest.mark.parametrize("delay", [3, 5])
+@pytest.mark.parametrize("preset", ["ep-tp", "ep-as-dp"])
+def test_ctrl_c_during_a_dump(tmp_path, preset, delay):
+    out = tmp_path / "plan.json"
+    code, lines, took = _interrupt(
+        ["dump", "deepseek-tiny", "--preset", preset, "--no-cache", "-o", str(out)], delay, tmp_path
+    )
+    _assert_interrupted(code, lines, took)
+    # No partial file: no plan, or (when the signal lands after the rename, as the process leaves) a whole one.
+    assert not out.exists() or shardscope.load_plan(out).tensors
+    assert not list(tmp_path.glob(".plan.json.*"))
+
+
+@pytest.mark.parametrize("delay", [4, 10])
+def test_ctrl_c_during_a_check_leaves_the_goldens_as_they_were(tmp_path, delay):
+    golden = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden", golden)
+    before = {p: p.read_bytes() for p in golden.rglob("*") if p.is_file()}
+    code, lines, took = _interrupt(["update", "--golden", str(golden), "--no-cache"], delay, tmp_path)
+    _assert_interrupted(code, lines, took)
+    after = {p: p.read_bytes() for p in golden.rglob("*") if p.is_file()}
+    # Each golden is its old self or its new whole self (an update writes atomically); nothing else appears.
+    assert set(after) == set(before)
+    assert not list(golden.rglob("*.tmp"))
+
+
+def test_ctrl_c_during_an_advise(tmp_path):
+    code, lines, took = _interrupt(["advise", "deepseek-tiny", "--preset", "ep-tp", "--no-cache"], 6, tmp_path)
+    _assert_interrupted(code, lines, took)
