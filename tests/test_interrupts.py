@@ -30,8 +30,9 @@ def _interrupt(args: list[str], delay: float, cwd: Path) -> tuple[int, list[str]
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own process group, with Ctrl-C's default disposition restored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # Its own process group, as a terminal's foreground job. (No preexec_fn: forking a process that runs
+        # JAX's threads from Python is unsafe; the CLI installs its own SIGINT handler whatever it inherits.)
+        start_new_session=True,
     )
     time.sleep(delay)
     if process.poll() is not None:

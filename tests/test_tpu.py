@@ -106,3 +106,17 @@ def test_slices_need_a_data_axis_they_divide():
     assert "joined over mesh axis 'data', whose size 1 is not a multiple of 2" in result.stderr
     cpu = CliRunner().invoke(app, ["dump", "mixtral-tiny", "--slices", "2"])
     assert cpu.exit_code == 2 and "--slices 2: applies to a single TPU slice name" in cpu.stderr
+
+
+def test_every_published_slice_size_is_a_topology():
+    # The largest slices each family sells: v4 4096 chips, v5p 8960 (16x20x28), TPU7x 9216; v5e/v6e 256 a slice.
+    from shardscope.case.tpu import parse_tpu_slice
+    from shardscope.errors import ShardscopeError
+
+    assert parse_tpu_slice("v5p-1024").num_devices == 512
+    assert parse_tpu_slice("v5p-17920").topology_name == "v5:16x20x28"
+    assert parse_tpu_slice("v4-8192").topology_name == "v4:16x16x16"
+    assert parse_tpu_slice("tpu7x-18432").num_devices == 18432
+    for too_big in ("v4-16384", "v5p-18432", "v6e-512"):
+        with pytest.raises(ShardscopeError, match="not a standard"):
+            parse_tpu_slice(too_big)

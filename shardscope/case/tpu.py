@@ -18,7 +18,11 @@ TPU_EXTRA_HINT = "install the TPU extra: pip install 'shardscope[tpu]'"
 _NAME = re.compile(r"(v4|v5e|v5p|v6e|tpu7x)-(\d+)")
 
 # Standard slice shapes (chips) of 3D-torus and 2D-torus generations.
+# Chips → torus shape of the slice sizes each family sells (3D: v4 to 4096 chips, v5p to 8960, TPU7x to 9216;
+# 2D: v5e and v6e to 256 per slice, more through --slices).
 _SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8), 256: (4, 8, 8)}
+_SHAPES_3D |= {512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16), 6144: (16, 16, 24)}
+_SHAPES_3D |= {8960: (16, 20, 28), 9216: (16, 24, 24)}
 _SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
 
 
@@ -31,14 +35,25 @@ class TpuGeneration:
     devices_per_chip: int
     chip_config: str
     torus_3d: bool
+    max_chips: int  # the largest slice the generation sells
 
 
 GENERATIONS = {
-    "v4": TpuGeneration("v4", counts_cores=True, devices_per_chip=1, chip_config="megacore", torus_3d=True),
-    "v5p": TpuGeneration("v5", counts_cores=True, devices_per_chip=1, chip_config="megacore", torus_3d=True),
-    "tpu7x": TpuGeneration("tpu7x", counts_cores=True, devices_per_chip=2, chip_config="default", torus_3d=True),
-    "v5e": TpuGeneration("v5e", counts_cores=False, devices_per_chip=1, chip_config="default", torus_3d=False),
-    "v6e": TpuGeneration("v6e", counts_cores=False, devices_per_chip=1, chip_config="default", torus_3d=False),
+    "v4": TpuGeneration(
+        "v4", counts_cores=True, devices_per_chip=1, chip_config="megacore", torus_3d=True, max_chips=4096
+    ),
+    "v5p": TpuGeneration(
+        "v5", counts_cores=True, devices_per_chip=1, chip_config="megacore", torus_3d=True, max_chips=8960
+    ),
+    "tpu7x": TpuGeneration(
+        "tpu7x", counts_cores=True, devices_per_chip=2, chip_config="default", torus_3d=True, max_chips=9216
+    ),
+    "v5e": TpuGeneration(
+        "v5e", counts_cores=False, devices_per_chip=1, chip_config="default", torus_3d=False, max_chips=256
+    ),
+    "v6e": TpuGeneration(
+        "v6e", counts_cores=False, devices_per_chip=1, chip_config="default", torus_3d=False, max_chips=256
+    ),
 }
 
 
@@ -65,7 +80,7 @@ def known_tpu_names() -> list[str]:
     for product, generation in GENERATIONS.items():
         shapes = _SHAPES_3D if generation.torus_3d else _SHAPES_2D
         scale = 2 if generation.counts_cores else 1
-        names += [f"{product}-{chips * scale}" for chips in shapes]
+        names += [f"{product}-{chips * scale}" for chips in shapes if chips <= generation.max_chips]
     return names
 
 
@@ -82,7 +97,7 @@ def parse_tpu_slice(name: str) -> TpuSlice:
     generation = GENERATIONS[product]
     chips = number // 2 if generation.counts_cores else number
     shapes = _SHAPES_3D if generation.torus_3d else _SHAPES_2D
-    if (generation.counts_cores and number % 2) or chips not in shapes:
+    if (generation.counts_cores and number % 2) or chips not in shapes or chips > generation.max_chips:
         sizes = ", ".join(n for n in known_tpu_names() if n.startswith(f"{product}-"))
         raise ShardscopeError(f"topology {name!r}: not a standard {product} slice (known: {sizes})")
     shape = shapes[chips]

@@ -97,13 +97,13 @@ def fail(err: ShardscopeError) -> NoReturn:
 
 
 def make_console() -> Console:
-    """A console the width of the terminal; piped output (no terminal to measure) is 200 columns, so that
-    whole paths stay on one line for grep, unless COLUMNS says otherwise."""
+    """A console the width of the terminal; piped output (no terminal to measure) is 120 columns unless
+    COLUMNS says otherwise (tables elide long paths in the middle rather than break them)."""
     from rich.console import Console  # lazy: rich loads only for commands that print tables
 
     console = Console(soft_wrap=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(soft_wrap=False, width=200)
+        console = Console(soft_wrap=False, width=120)
     return console
 
 

@@ -92,7 +92,7 @@ def check_command(
         console.print(outcome_table(outcomes))
         console.print(Text(summary.line, "bold red" if summary.failed(require_all) else "bold green"))
         for hint in summary.hints:
-            console.print(Text(hint))
+            console.print(Text(hint), soft_wrap=True)  # a command to copy stays on one line
     if html is not None:
         write_atomic(html, render_html_many(report_diffs(outcomes)))
     if markdown is not None:

@@ -21,7 +21,7 @@ from shardscope.plan.records import CaseRecord
 from shardscope.plan.units import human_bytes, human_seconds, signed_seconds
 from shardscope.report.estimate_text import cost_headline, cost_rows, memory_headline, target_label
 from shardscope.report.findings import finding_changes_table
-from shardscope.report.layout import FitToWidth, column_widths, spec_text
+from shardscope.report.layout import FitToWidth, column_widths, elide_middle, spec_text
 
 # One headline line: a name and its value on each side (None where that side lacks it).
 HeadlineRow = tuple[str, int | None, int | None]
@@ -238,7 +238,7 @@ def _tensor_table(groups: Sequence[TensorGroup], unit: Collection[str], width: i
     for group in groups:
         change = group.change
         side = change.after if change.after is not None else change.before
-        path = Text(change.subject)
+        path = Text(elide_middle(change.subject, widths["tensor"]))
         if group.mirrors:
             path.append(f"\n  + {len(group.mirrors)} mirrors (optimizer state, outputs)", "dim")
         specs = " → ".join(spec_text(side_spec(s)) for s in (change.before, change.after) if s is not None)
@@ -277,7 +277,7 @@ def _collective_table(changes: Sequence[Change], width: int) -> Table:
             "op": row["op"],
             "axes": collective_axes(row),
             "pass": row["pass"],
-            "source": row["source"] or "(top level)",
+            "source": elide_middle(row["source"] or "(top level)", widths["source"]),
             "dtype[shape]": collective_shape(row),
             **{column: stat_text(change, name) for column, name in stats.items()},
         }

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from shardscope.case.lints import LINTS
 from shardscope.plan.findings import Finding, count_by_severity
-from shardscope.report.layout import FitToWidth, column_widths
+from shardscope.report.layout import FitToWidth, column_widths, elide_middle
 
 if TYPE_CHECKING:
     from shardscope.diff.changes import Change
@@ -50,7 +50,7 @@ def findings_table(findings: Sequence[Finding], title: str = "Findings") -> FitT
             table.add_row(
                 Text(finding.severity, SEVERITY_STYLES.get(finding.severity, "")),
                 Text(finding.lint),
-                Text(finding.subject),
+                Text(elide_middle(finding.subject, widths["subject"])),
                 body,
             )
         return table

@@ -32,6 +32,34 @@ def column_widths(width: int, fixed: Mapping[str, int], shares: Mapping[str, flo
     return dict(fixed) | flexible
 
 
+def elide_middle(path: str, width: int) -> str:
+    """A path that fits `width` cells: whole segments around "…", the end first (the tensor's own name and
+    the modules just above it tell tensors apart), then the start; never a word broken. A path that fits is
+    unchanged.
+
+    >>> elide_middle("params/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/wi_0", 32)
+    'params/decoder/…/MoeBlock_0/wi_0'
+    """
+    if len(path) <= width or width < 8:
+        return path
+    parts = path.split("/")
+    tail = [parts[-1]]
+    right = len(parts) - 2
+    while right >= 1 and len("/".join(["…", parts[right], *tail])) <= width:
+        tail.insert(0, parts[right])
+        right -= 1
+    head: list[str] = []
+    left = 0
+    while left <= right and len("/".join([*head, parts[left], "…", *tail])) <= width:
+        head.append(parts[left])
+        left += 1
+    text = "/".join([*head, "…", *tail])
+    if len(text) <= width:
+        return text
+    keep = width - 1  # a last segment longer than the cell: its characters from both ends
+    return path[: keep // 2] + "…" + path[len(path) - (keep - keep // 2) :]
+
+
 def spec_text(spec: Sequence[SpecEntry]) -> str:
     """A spec as users read PartitionSpecs: P(('data', 'fsdp'), 'expert', None)."""
     parts = []
