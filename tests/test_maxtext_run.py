@@ -147,3 +147,11 @@ def test_seed_003_plans_from_its_command_line(mode):
     # Each stage holds half of the 32 layers: the stacked dimension of every layer weight is on `stage`.
     query = dict(plan.tensors)["params/decoder/layers/self_attention/query/kernel"]
     assert query.shape[1] == 32 and "stage" in str(query.spec[1])
+
+
+def test_set_may_change_what_maxtexts_defaults_chose_but_not_what_the_command_line_said():
+    # remat_policy not given: base.yml's `full` applies, and --set chooses otherwise without contradiction.
+    case, run = resolve_maxtext_case("mixtral-tiny", None, None, TINY, {"model.remat": "minimal"})
+    assert case.model.remat == "minimal" and "model.remat" in run.defaulted
+    with pytest.raises(ShardscopeError, match="contradicts --maxtext"):
+        resolve_maxtext_case("mixtral-tiny", None, None, f"{TINY} remat_policy=full", {"model.remat": "minimal"})

@@ -49,6 +49,8 @@ class MaxTextRun:
       topology: the topology `compile_topology` (and `compile_topology_num_slices`) names, or None.
       warnings: one line each: keys MaxText accepts that shardscope does not model, and where MaxText's
         defaults differ from what is planned.
+      defaulted: the settings that come from MaxText's defaults, not the command line (`--set` may change
+        them without contradicting it).
     """
 
     given: tuple[tuple[str, str], ...]
@@ -57,6 +59,7 @@ class MaxTextRun:
     settings: tuple[tuple[str, str], ...]
     topology: str | None
     warnings: tuple[str, ...]
+    defaulted: tuple[str, ...] = ()
 
 
 @functools.cache
@@ -163,7 +166,7 @@ def maxtext_run(
     if "compile_topology_num_slices" in values and values["compile_topology_num_slices"] > 0:
         slices = values["compile_topology_num_slices"]
     mesh = _mesh(values, tuple(mesh_axes), devices_per_slice, slices)
-    settings, warnings = _settings(values, model_name, moe, dict(mesh))
+    settings, warnings, defaulted = _settings(values, model_name, moe, dict(mesh))
     topology = values.get("compile_topology") or None
     if topology and slices > 1:
         topology = f"{slices}x{topology}"
@@ -174,6 +177,7 @@ def maxtext_run(
         settings=tuple(settings.items()),
         topology=topology,
         warnings=tuple(warnings),
+        defaulted=tuple(sorted(defaulted)),
     )
 
 
@@ -231,7 +235,7 @@ def _key(net: str, axis: str) -> str:
 
 def _settings(
     values: Mapping[str, Any], model_name: str, moe: bool, mesh: Mapping[str, int]
-) -> tuple[dict[str, str], list[str]]:
+) -> tuple[dict[str, str], list[str], set[str]]:
     """shardscope settings for the modelled keys, and a warning for each key that changes the step but is not
     modelled (and for MaxText defaults the plan departs from)."""
     settings: dict[str, str] = {}
@@ -262,21 +266,26 @@ def _settings(
                 f"decoder_layer_input={places['decoder_layer_input']} is not modelled: a layer's input stays on the "
                 "device"
             )
+    defaulted: set[str] = set()
     stages = mesh.get("stage", 1)
     if stages > 1:
         microbatches = values.get("num_pipeline_microbatches", -1)
         settings["pipeline.microbatches"] = str(stages if microbatches == -1 else microbatches)
+        if "num_pipeline_microbatches" not in values:
+            defaulted.add("pipeline.microbatches")
     # How the step runs: base.yml's defaults where the command line is silent.
     defaults = maxtext_defaults()
     for key in _RUN_DEFAULTS:
         if key not in values:
-            settings.update(_MODEL_KEYS[key](defaults[key]) or {})
+            default = _MODEL_KEYS[key](defaults[key]) or {}
+            settings.update(default)
+            defaulted.update(default)
     if moe and values.get("sparse_matmul", True) and "capacity_factor" not in values:
         warnings.append(
             "MaxText's dropless sparse_matmul MoE is not modelled: the MoE is planned capacity-padded with the "
             "flavor's capacity_factor (set capacity_factor=… to choose it)"
         )
-    return settings, warnings
+    return settings, warnings, defaulted
 
 
 def _text(value: Any) -> str:

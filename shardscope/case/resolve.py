@@ -167,7 +167,7 @@ def resolve_maxtext_case(
     )
     settings = dict(run.settings)
     for key, value in (overrides or {}).items():
-        if key in settings and settings[key] != value:
+        if key in settings and settings[key] != value and key not in run.defaulted:
             raise ShardscopeError(f"--set {key}={value} contradicts --maxtext (which sets {key}={settings[key]})")
         settings[key] = value
     case = resolve_case(
