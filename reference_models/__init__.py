@@ -19,7 +19,11 @@ MODELS: dict[str, DecoderConfig] = {
     "mixtral-8x22b": mixtral.FLAVORS["8x22b"],
     "llama-tiny": llama.FLAVORS["tiny"],
     "llama2-7b": llama.FLAVORS["2-7b"],
+    "llama2-70b": llama.FLAVORS["2-70b"],
     "llama3-8b": llama.FLAVORS["3-8b"],
+    "llama3.1-8b": llama.FLAVORS["3.1-8b"],
+    "llama3.1-70b": llama.FLAVORS["3.1-70b"],
+    "llama3.1-405b": llama.FLAVORS["3.1-405b"],
 }
 
 __all__ = ["MODELS", "DecoderConfig"]
