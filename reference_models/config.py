@@ -17,6 +17,8 @@ from dataclasses import dataclass
 ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
 # MaxText's `attention` values that shardscope models (see DecoderConfig.attention_kernel).
 ATTENTION_KERNELS = ("dot_product", "flash", "autoselected")
+# Where MaxText's `custom` remat policy puts a named value: recomputed, kept on the device, or offloaded.
+REMAT_LOCATIONS = ("remat", "device", "offload")
 # MaxText's remat policies by name (`remat.py` builds them), and shardscope's "none" (no remat).
 REMAT_POLICIES = (
     "full",

@@ -49,9 +49,8 @@ def layer_stacks(config: DecoderConfig) -> tuple[LayerStack, ...]:
             LayerStack("moe_layers", DeepSeekLayer, {"use_moe": True}, config.num_moe_layers),
         )
         return tuple(stack for stack in candidates if stack.length)
-    if config.family == "llama":
-        return (LayerStack("layers", LlamaLayer, {}, config.num_layers),)
-    return (LayerStack("layers", MixtralLayer, {}, config.num_layers),)
+    layer = LlamaLayer if config.family == "llama" else MixtralLayer
+    return (LayerStack("layers", layer, {}, config.num_layers),)
 
 
 class Decoder(nn.Module):

@@ -8,6 +8,8 @@ value MaxText's sharding dump calls `deepseek/pre_attention_norm`.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import jax
 
@@ -49,40 +51,17 @@ class DeepSeekLayer(nn.Module):
         return named("x", mlp_out + intermediate_inputs), None
 
 
-class MixtralLayer(nn.Module):
-    """Grouped-query attention, then the routed MoE (`MoeBlock_0`)."""
+class GqaLayer(nn.Module):
+    """Grouped-query attention, then the routed MoE (`MoeBlock_0`, MixtralLayer) or a dense SwiGLU MLP
+    (`mlp`, LlamaLayer).
 
-    config: DecoderConfig
-
-    @nn.compact
-    def __call__(self, inputs: jax.Array, _: None) -> tuple[jax.Array, None]:
-        cfg = self.config
-
-        def named(name: str, value: jax.Array) -> jax.Array:
-            return constrain(self.path, name, value, RESIDUAL)
-
-        inputs = named("inputs", inputs)
-        lnx = named("lnx", RMSNorm(cfg.norm_epsilon, name="pre_self_attention_layer_norm")(inputs))
-        attention_lnx = named("attention_lnx", Attention(cfg, name="self_attention")(lnx, lnx))
-        intermediate_inputs = inputs + attention_lnx
-        hidden_states = named(
-            "hidden_states", RMSNorm(cfg.norm_epsilon, name="post_self_attention_layer_norm")(intermediate_inputs)
-        )
-        moe = RoutedMoE(cfg, ("embed", None), cfg.moe_mlp_dim, name="MoeBlock_0")
-        mlp_lnx = named("mlp_lnx", moe(hidden_states))
-        return named("layer_output", mlp_lnx + intermediate_inputs), None
-
-
-class LlamaLayer(nn.Module):
-    """Grouped-query attention, then a dense SwiGLU MLP (`mlp`): MaxText's `LlamaDecoderLayer`, which Llama 2
-    and Llama 3 share.
-
-    MaxText constrains the same six values as Mixtral's layer, on the residual stream's axes, but through
-    `maybe_shard_with_logical`, so its sharding dump records them; it cannot name them (the variable name is
-    looked up one frame too far up) and writes each as `Unknown`, one entry per distinct type and spec.
+    Both constrain the same six values on the residual stream's axes. Llama's go through
+    `maybe_shard_with_logical`, so MaxText's sharding dump records them, but cannot name them (the variable
+    name is looked up one frame too far up): it writes each as `Unknown`, one entry per distinct type and spec.
     """
 
     config: DecoderConfig
+    use_moe: ClassVar[bool]
 
     @nn.compact
     def __call__(self, inputs: jax.Array, _: None) -> tuple[jax.Array, None]:
@@ -98,6 +77,24 @@ class LlamaLayer(nn.Module):
         hidden_states = named(
             "hidden_states", RMSNorm(cfg.norm_epsilon, name="post_self_attention_layer_norm")(intermediate_inputs)
         )
-        mlp_lnx = named("mlp_lnx", MlpBlock(cfg, cfg.mlp_dim, name="mlp")(hidden_states))
+        if self.use_moe:
+            mlp: nn.Module = RoutedMoE(cfg, ("embed", None), cfg.moe_mlp_dim, name="MoeBlock_0")
+        else:
+            mlp = MlpBlock(cfg, cfg.mlp_dim, name="mlp")
+        mlp_lnx = named("mlp_lnx", mlp(hidden_states))
         # MaxText constrains the layer output after its (identity) dropout.
         return named("layer_output", mlp_lnx + intermediate_inputs), None
+
+
+# Two classes, not one with a flag: the class name is part of every op's name in the compiled program (its
+# metadata), which is where a plan's collective rows say they come from.
+class MixtralLayer(GqaLayer):
+    """Mixtral's `MixtralDecoderLayer`: every layer a routed MoE."""
+
+    use_moe = True
+
+
+class LlamaLayer(GqaLayer):
+    """MaxText's `LlamaDecoderLayer` (Llama 2, 3 and 3.1): every layer a dense MLP."""
+
+    use_moe = False

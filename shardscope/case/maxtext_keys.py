@@ -7,10 +7,9 @@ presets carry).
 
 from __future__ import annotations
 
-from reference_models.config import REMAT_POLICIES
+from reference_models.config import REMAT_LOCATIONS, REMAT_POLICIES
 
 # The values MaxText accepts for keys whose type (str) says too little (configs/types.py, layers/decoders.py).
-REMAT_LOCATIONS = ("remat", "device", "offload")
 CHOICES: dict[str, tuple[str, ...]] = {
     "remat_policy": REMAT_POLICIES,
     "dtype": ("bfloat16", "float32", "float16"),

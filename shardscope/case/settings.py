@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reference_models import DecoderConfig
-from reference_models.config import ATTENTION_KERNELS, REMAT_POLICIES
+from reference_models.config import ATTENTION_KERNELS, REMAT_LOCATIONS, REMAT_POLICIES
 from shardscope.errors import ShardscopeError
 
 # Activation dtypes, with the short names people type.
@@ -68,7 +68,7 @@ def _remat_custom(text: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, where = part.partition(":")
-        if not sep or where not in ("device", "offload", "remat") or not name:
+        if not sep or where not in REMAT_LOCATIONS or not name:
             raise ValueError("expected name:where pairs, where is device, offload or remat (query_proj:offload,…)")
         pairs.append((name, where))
     return tuple(pairs)
