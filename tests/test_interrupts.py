@@ -67,7 +67,12 @@ def test_ctrl_c_during_a_dump(tmp_path, preset, delay):
     code, lines, took = _interrupt(
         ["dump", "deepseek-tiny", "--preset", preset, "--no-cache", "-o", str(out)], delay, tmp_path
     )
-    _assert_interrupted(code, lines, took)
+    if code == -signal.SIGINT and not lines:
+        # The signal landed as the finished process was shutting down (its handler already gone): the work was
+        # done, so the plan must be whole.
+        assert shardscope.load_plan(out).tensors
+    else:
+        _assert_interrupted(code, lines, took)
     # No partial file: no plan, or (when the signal lands after the rename, as the process leaves) a whole one.
     assert not out.exists() or shardscope.load_plan(out).tensors
     assert not list(tmp_path.glob(".plan.json.*"))
