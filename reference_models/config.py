@@ -86,7 +86,9 @@ class DecoderConfig:
     seq_len: int
     per_device_batch: float = 1.0
     global_batch: int = 0
-    dtype: str = "float32"  # activation dtype; parameters are float32
+    dtype: str = "float32"  # activation dtype
+    # MaxText's `weight_dtype`: the parameters' dtype (and so the optimizer state's, which follows them).
+    weight_dtype: str = "float32"
     # MaxText's `remat_policy` (one of REMAT_POLICIES; see remat.py): "full" recomputes each layer in the
     # backward pass (its default); "none" (shardscope's) keeps every activation.
     remat: str = "full"

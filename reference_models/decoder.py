@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from reference_models.config import DecoderConfig
 from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer, MixtralLayer
-from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec
+from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec, weights_in
 from reference_models.pipeline import run_pipeline
 from reference_models.remat import remat_policy
 from reference_models.sharding import ShardingContext, current_context, path_prefix
@@ -116,7 +116,8 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return Decoder(self.config, name="decoder")(Embed(self.config, name="token_embedder")(tokens))
+        with weights_in(self.config.weight_dtype):
+            return Decoder(self.config, name="decoder")(Embed(self.config, name="token_embedder")(tokens))
 
 
 def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import flax.linen as nn
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from reference_models.attention import MLA, Attention
 from reference_models.config import DecoderConfig
@@ -36,7 +37,8 @@ class DeepSeekLayer(nn.Module):
         def named(name: str, value: jax.Array) -> jax.Array:
             return constrain(self.path, name, value, RESIDUAL)
 
-        x = named("inputs", inputs)
+        # Named as MaxText names it, so a remat policy can keep it on the device or move it to the host.
+        x = checkpoint_name(named("inputs", inputs), "decoder_layer_input")
         lnx = named("pre_attention_norm", RMSNorm(cfg.norm_epsilon, name="pre_self_attention_layer_norm")(x))
         attention_result = named("attention_result", MLA(cfg, name="self_attention")(lnx, lnx))
         intermediate_inputs = x + attention_result
@@ -70,7 +72,7 @@ class GqaLayer(nn.Module):
         def named(name: str, value: jax.Array) -> jax.Array:
             return constrain(self.path, name, value, RESIDUAL)
 
-        inputs = named("inputs", inputs)
+        inputs = checkpoint_name(named("inputs", inputs), "decoder_layer_input")
         lnx = named("lnx", RMSNorm(cfg.norm_epsilon, name="pre_self_attention_layer_norm")(inputs))
         attention_lnx = named("attention_lnx", Attention(cfg, name="self_attention")(lnx, lnx))
         intermediate_inputs = inputs + attention_lnx

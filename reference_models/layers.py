@@ -4,7 +4,9 @@ embeddings."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -21,9 +23,25 @@ _INIT = nn.initializers.normal(stddev=0.02)
 MLP_INTERMEDIATE = ("activation_batch", "activation_length", "activation_mlp")
 
 
+# The dtype parameters are created in: the model's `weight_dtype`, set for the whole model by `weights_in`
+# (layers deep inside it have no config to read it from).
+_WEIGHT_DTYPE: contextvars.ContextVar[str] = contextvars.ContextVar("weight_dtype", default="float32")
+
+
+@contextlib.contextmanager
+def weights_in(dtype: str) -> Iterator[None]:
+    """Parameters created inside are of `dtype` (MaxText's `weight_dtype`)."""
+    token = _WEIGHT_DTYPE.set(dtype)
+    try:
+        yield
+    finally:
+        _WEIGHT_DTYPE.reset(token)
+
+
 def logical_param(module: nn.Module, name: str, shape: Sequence[int], logical: Sequence[str | None], init=_INIT) -> Any:
-    """A float32 parameter carrying one logical axis name per dimension."""
-    return module.param(name, nn.with_logical_partitioning(init, tuple(logical)), tuple(shape), jnp.float32)
+    """A parameter (of the model's weight dtype) carrying one logical axis name per dimension."""
+    dtype = jnp.dtype(_WEIGHT_DTYPE.get())
+    return module.param(name, nn.with_logical_partitioning(init, tuple(logical)), tuple(shape), dtype)
 
 
 class DenseGeneral(nn.Module):

@@ -81,13 +81,29 @@ def test_a_missing_entry_in_the_file_fails_at_load(monkeypatch):
         load_hardware("v6e")
 
 
+@pytest.mark.parametrize("value", [0, 1.5, "high", True])
+def test_a_calibration_outside_zero_to_one_is_refused(monkeypatch, value):
+    table = yaml.safe_load(yaml.safe_dump(hardware._table()))
+    table["calibration"]["mxu_efficiency"] = value
+    monkeypatch.setattr(hardware, "_table", lambda: table)
+    with pytest.raises(HardwareError, match="calibration.mxu_efficiency must be in"):
+        load_hardware("v5p")
+
+
+def test_the_calibration_applies_to_every_generation():
+    fitted = hardware._table()["calibration"]
+    for name in hardware.known_hardware():
+        entry = load_hardware(name)
+        assert (entry.mxu_efficiency, entry.hbm_efficiency) == (fitted["mxu_efficiency"], fitted["hbm_efficiency"])
+
+
 def test_every_figure_in_the_file_has_a_source_nearby():
     """Each figure line carries a source comment, or the comment block right above it does."""
     text = (hardware.resources.files("shardscope.case") / hardware.TABLE).read_text()
     lines = text.splitlines()
     for index, line in enumerate(lines):
         stripped = line.strip()
-        if stripped.split(":")[0] in (*FIGURES, "chip_link_bandwidth"):
+        if stripped.split(":")[0] in (*FIGURES, *hardware.OPTIONAL_FIGURES):
             assert "#" in line or lines[index - 1].strip().startswith("#"), line
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from shardscope.cli import app
 from shardscope.cost import estimate_plan, layout_for, load_hardware, price_plan
+from shardscope.cost.price import route_of
 from shardscope.diff import diff_plans, diff_to_json
 from shardscope.plan import load_plan, plan_from_json, plan_to_json
 from shardscope.plan.units import human_seconds, signed_seconds
@@ -32,7 +33,13 @@ def independent(plan, generation: str, slice_shape=None):
     layout = layout_for(hardware, plan.case.mesh, slice_shape=slice_shape)
     compute = dict(plan.compute)
     return estimate_plan(
-        plan, hardware, layout, flops=compute.get("flops"), bytes_accessed=compute.get("bytes_accessed")
+        plan,
+        hardware,
+        layout,
+        flops=compute.get("flops"),
+        bytes_accessed=compute.get("bytes_accessed"),
+        work=plan.work,
+        route=route_of(plan.case.topology, hardware.name),
     )
 
 
@@ -110,9 +117,9 @@ def test_diff_json_carries_both_estimates():
 def test_the_reports_show_the_change_in_time():
     old, new = unpriced(GOLDEN / "cpu-8" / "default.json"), unpriced(GOLDEN / "cpu-8" / "ep-as-cp.json")
     diff = diff_plans(old, new, hardware="v5p")
-    # Both plans know their compiled work, so the headline compares whole steps (compute + communication).
+    # Both plans know their compiled work, so the headline compares the expected steps.
     assert old.compute and new.compute
-    delta = independent(new, "v5p").step_no_overlap - independent(old, "v5p").step_no_overlap
+    delta = independent(new, "v5p").expected - independent(old, "v5p").expected
     headline = f"{signed_seconds(delta)} per step over default on v5p 2x2x2"
     assert headline in render_markdown(diff)
     page = render_html(diff)
@@ -144,6 +151,6 @@ def test_diff_cli_prints_the_cost_headline(tmp_path):
     result = runner.invoke(app, [*args, "--hardware", "v5p"], terminal_width=200)
     assert result.exit_code == 1
     old, new = unpriced(GOLDEN / "cpu-8" / "default.json"), unpriced(GOLDEN / "cpu-8" / "ep-as-cp.json")
-    delta = independent(new, "v5p").step_no_overlap - independent(old, "v5p").step_no_overlap
+    delta = independent(new, "v5p").expected - independent(old, "v5p").expected
     assert f"{signed_seconds(delta)} per step over default on v5p 2x2x2" in result.output
     assert "Estimated time per step (v5p 2x2x2, efficiency 0.82)" in result.output

@@ -108,7 +108,8 @@ def test_remat_policies_are_maxtexts_and_none_runs_as_full():
     # base.yml's defaults for the other per-tensor keys: decoder_layer_input on the device, the rest remat.
     assert dict(run.settings)["model.remat_custom"] == "decoder_layer_input:device,mlpwo:device,query_proj:offload"
     run = maxtext_run("remat_policy=custom decoder_layer_input=offload", "m", ("fsdp",), 8, 1, False)
-    assert any("decoder_layer_input=offload is not modelled" in w for w in run.warnings)
+    assert dict(run.settings)["model.remat_custom"] == "decoder_layer_input:offload"
+    assert not run.warnings
 
 
 def test_the_library_takes_a_command_line_and_warns():
@@ -155,3 +156,17 @@ def test_set_may_change_what_maxtexts_defaults_chose_but_not_what_the_command_li
     assert case.model.remat == "minimal" and "model.remat" in run.defaulted
     with pytest.raises(ShardscopeError, match="contradicts --maxtext"):
         resolve_maxtext_case("mixtral-tiny", None, None, f"{TINY} remat_policy=full", {"model.remat": "minimal"})
+
+
+def test_weight_dtype_sets_the_parameters_and_the_optimizer_state_that_follows_them():
+    def plan(weights: str) -> shardscope.Plan:
+        return shardscope.plan_case("llama-tiny", maxtext=f"{TINY} weight_dtype={weights}", tensors_only=True)
+
+    full, half = plan("float32"), plan("bfloat16")
+    checked = {"param": 0, "opt_state": 0}
+    for path, record in half.tensors:
+        if record.kind in checked and record.dtype != "int32":  # adam's step count stays an integer
+            reference = full.tensor_map[path]
+            assert (record.dtype, record.bytes_per_device) == ("bfloat16", reference.bytes_per_device // 2), path
+            checked[record.kind] += 1
+    assert checked["param"] > 5 and checked["opt_state"] == 2 * checked["param"], checked

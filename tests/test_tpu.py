@@ -120,3 +120,18 @@ def test_every_published_slice_size_is_a_topology():
     for too_big in ("v4-16384", "v5p-18432", "v6e-512"):
         with pytest.raises(ShardscopeError, match="not a standard"):
             parse_tpu_slice(too_big)
+
+
+def test_xla_flags_are_options_of_the_tpu_compile(tmp_path):
+    flag = "xla.xla_jf_spmd_threshold_for_windowed_einsum_mib"
+    out = tmp_path / "plan.json"
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["dump", "llama-tiny", "--topology", "v5p-8", "--set", f"{flag}=1000000", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert dict(load_golden(out).provenance)["compiler_options"] == {flag.removeprefix("xla."): "1000000"}
+    # One the compiler does not have is refused by the compiler itself, in one line.
+    result = runner.invoke(app, ["dump", "llama-tiny", "--topology", "v5p-8", "--set", "xla.xla_no_such_flag=1"])
+    assert result.exit_code == 2
+    assert "xla.xla_no_such_flag: the v5p-8 compiler has no such option" in result.output

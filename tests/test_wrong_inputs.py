@@ -76,6 +76,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("dump", "mixtral-tiny", "--maxtext", "custom_mesh_and_rule=ep-as-cpp"), "did you mean 'ep-as-cp'"),
     (("dump", "mixtral-tiny", "--mesh", "fsdp=8", "--maxtext", "steps=1"), "size the mesh with MaxText's ici_"),
     (("lint", "mixtral-tiny", "--maxtext", "per_device_batch_size=x"), "per_device_batch_size=x: expected a number"),
+    # XLA flags (`--set xla.<flag>`): options of the TPU compiler only
+    (("dump", "llama-tiny", "--set", "xla.xla_tpu_enable_foo=true"), "give a TPU --topology to use them"),
+    (("dump", "llama-tiny", "--set", "xla.--xla_foo=1"), "expected xla.<flag name>"),
     # names
     (("dump", "deepseek-tin"), "did you mean 'deepseek-tiny'"),
     (("dump", "deepseek-tiny", "--preset", "ep-as-cpp"), "did you mean 'ep-as-cp'"),

@@ -32,6 +32,7 @@ class Ranked:
     """One compiled candidate with its estimate's figures (seconds and bytes per device per step)."""
 
     candidate: Candidate
+    step_expected: float  # the estimate's expected step (its no-overlap bound where it has none)
     step_no_overlap: float
     step_full_overlap: float
     communication: float
@@ -55,7 +56,8 @@ class Ranked:
         return self.by_collective[0] if self.by_collective else None
 
     def sort_key(self) -> tuple[float, float, int, int]:
-        return (self.step_no_overlap, self.step_full_overlap, self.hbm_need, self.candidate.index)
+        """Expected step first; the no-overlap bound breaks ties, then HBM, then search order."""
+        return (self.step_expected, self.step_no_overlap, self.hbm_need, self.candidate.index)
 
 
 def collective_times(plan: Plan, estimate: Estimate) -> tuple[tuple[str, str, float], ...]:
@@ -77,6 +79,7 @@ def ranked_of(candidate: Candidate, plan: Plan, command: Sequence[str]) -> Ranke
         raise ValueError(f"{candidate.key}: plan is not priced")
     return Ranked(
         candidate=candidate,
+        step_expected=estimate.step_no_overlap if estimate.expected is None else estimate.expected,
         step_no_overlap=estimate.step_no_overlap,
         step_full_overlap=estimate.step_full_overlap,
         communication=estimate.communication,
@@ -120,20 +123,20 @@ def _reason(entry: Ranked, best: Ranked | None) -> str:
         if dominant is None:
             return "best: no collective at all; compute only"
         axes, op, seconds = dominant
-        share = _share(seconds, entry.step_no_overlap)
+        share = _share(seconds, entry.step_expected)
         return f"best: largest collective {op} over {axes}, {_seconds(seconds)} ({share} of its step)"
-    slower = entry.step_no_overlap - best.step_no_overlap
+    slower = entry.step_expected - best.step_expected
     theirs = {(a, o): s for a, o, s in best.by_collective}
     worst = max(
         ((a, o, s - theirs.get((a, o), 0.0)) for a, o, s in entry.by_collective),
         key=lambda t: (t[2], t[0], t[1]),
         default=None,
     )
-    ahead = f"+{_seconds(slower)} ({_share(slower, best.step_no_overlap)}) over #1"
-    if _same(entry.step_no_overlap, best.step_no_overlap):
-        behind = entry.step_full_overlap - best.step_full_overlap
-        if not _same(entry.step_full_overlap, best.step_full_overlap):
-            return f"ties #1 with nothing overlapped; {_seconds(behind)} slower fully overlapped"
+    ahead = f"+{_seconds(slower)} ({_share(slower, best.step_expected)}) over #1"
+    if _same(entry.step_expected, best.step_expected):
+        behind = entry.step_no_overlap - best.step_no_overlap
+        if not _same(entry.step_no_overlap, best.step_no_overlap):
+            return f"ties #1 expected; {_seconds(behind)} slower with nothing overlapped"
         if entry.hbm_need > best.hbm_need:
             return f"ties #1 in time; needs {human_bytes(entry.hbm_need - best.hbm_need)} more HBM"
         return "same estimate as #1 (listed after it in search order)"

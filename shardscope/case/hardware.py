@@ -20,6 +20,9 @@ from shardscope.errors import ShardscopeError, unknown_name
 
 TABLE = "hardware.yaml"
 # The figures every generation must give; `chip_link_bandwidth` only where a chip is several devices.
+# Figures an entry may leave out: a chip with one device has no link between its devices; without a host
+# bandwidth, offloaded tensors' transfers are not priced.
+OPTIONAL_FIGURES = ("chip_link_bandwidth", "host_bandwidth")
 FIGURES = (
     "peak_bf16_flops",
     "hbm_bytes",
@@ -58,7 +61,17 @@ class Hardware:
     ici_hop_latency: float  # seconds per ICI hop
     dcn_latency: float  # seconds per step of a collective over DCN
     chip_link_bandwidth: float | None = None  # bytes/s one direction between devices of one chip
+    host_bandwidth: float | None = None  # bytes/s per chip between HBM and host memory (remat offload)
     efficiency: float = 1.0  # the table's default fraction of link bandwidth collectives reach
+    # Fitted to published step times (the table's `calibration`): the fraction of peak FLOP/s the matrix
+    # units reach on a compiled step's matmuls, and of peak bandwidth its HBM traffic reaches.
+    mxu_efficiency: float = 1.0
+    hbm_efficiency: float = 1.0
+
+    @property
+    def host_bandwidth_per_device(self) -> float | None:
+        """The chip's host link shared by its devices."""
+        return None if self.host_bandwidth is None else self.host_bandwidth / self.devices_per_chip
 
     @property
     def flops_per_device(self) -> float:
@@ -111,6 +124,7 @@ def _table() -> dict[str, Any]:
     own = _read_table(path)
     return {
         "efficiency": own.get("efficiency", built_in.get("efficiency")),
+        "calibration": {**built_in.get("calibration", {}), **own.get("calibration", {})},
         "generations": {**built_in["generations"], **own["generations"]},
     }
 
@@ -147,7 +161,7 @@ def known_hardware() -> list[str]:
     return sorted(_table()["generations"])
 
 
-def hardware_from_dict(name: str, entry: Any, efficiency: Any) -> Hardware:
+def hardware_from_dict(name: str, entry: Any, efficiency: Any, calibration: dict[str, Any] | None = None) -> Hardware:
     """Validates one table entry.
 
     Raises:
@@ -163,7 +177,7 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any) -> Hardware:
         raise HardwareError(
             f"{_where()}: entry {name!r} is missing {', '.join(missing)}; add the figure with its source"
         )
-    unknown = sorted(set(entry) - set(FIGURES) - {"chip_link_bandwidth"})
+    unknown = sorted(set(entry) - set(FIGURES) - set(OPTIONAL_FIGURES))
     if unknown:
         raise HardwareError(f"{_where()}: entry {name!r} has unknown figures {', '.join(unknown)}")
     values: dict[str, Any] = {}
@@ -179,7 +193,24 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any) -> Hardware:
         values[key] = int(value) if integral else float(value)
     if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) or not 0 < efficiency <= 1:
         raise HardwareError(f"{_where()}: 'efficiency' must be in (0, 1], found {efficiency!r}")
-    return Hardware(name=name, efficiency=float(efficiency), **values)
+    fitted = {key: _fraction(key, (calibration or {}).get(key, 1.0)) for key in CALIBRATED}
+    return Hardware(
+        name=name,
+        efficiency=float(efficiency),
+        mxu_efficiency=fitted["mxu_efficiency"],
+        hbm_efficiency=fitted["hbm_efficiency"],
+        **values,
+    )
+
+
+# The table's `calibration` block: constants fitted to published runs (each a fraction of a peak figure).
+CALIBRATED = ("mxu_efficiency", "hbm_efficiency")
+
+
+def _fraction(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise HardwareError(f"{_where()}: calibration.{key} must be in (0, 1], found {value!r}")
+    return float(value)
 
 
 def load_hardware(name: str) -> Hardware:
@@ -194,4 +225,7 @@ def load_hardware(name: str) -> Hardware:
     generation = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
     if generation not in table["generations"]:
         raise HardwareError(unknown_name("hardware", name, table["generations"]).args[0])
-    return hardware_from_dict(generation, table["generations"][generation], table.get("efficiency"))
+    calibration = table.get("calibration")
+    if calibration is not None and not isinstance(calibration, dict):
+        raise HardwareError(f"{_where()}: 'calibration' must be a mapping of fitted constants")
+    return hardware_from_dict(generation, table["generations"][generation], table.get("efficiency"), calibration)

@@ -261,11 +261,6 @@ def _settings(
         defaults = maxtext_defaults()
         places = {key: values.get(key, defaults[key]) for key in CUSTOM_REMAT_KEYS}
         settings["model.remat_custom"] = ",".join(f"{k}:{v}" for k, v in places.items() if v != "remat")
-        if places["decoder_layer_input"] != "device":
-            warnings.append(
-                f"decoder_layer_input={places['decoder_layer_input']} is not modelled: a layer's input stays on the "
-                "device"
-            )
     defaulted: set[str] = set()
     stages = mesh.get("stage", 1)
     if stages > 1:
@@ -308,9 +303,12 @@ _MODEL_KEYS: dict[str, Any] = {
     "base_num_decoder_layers": lambda v: {"model.num_layers": str(v)},
     "first_num_dense_layers": lambda v: {"model.first_dense_layers": str(v)},
     "dtype": lambda v: {"model.dtype": v} if v != "float16" else None,
+    "weight_dtype": lambda v: {"model.weight_dtype": v} if v != "float16" else None,
     "capacity_factor": _capacity,
     "remat_policy": _remat,
     "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
+    # The splash kernel's query block: the stand-in's block rows (which blocks above the diagonal it skips).
+    "sa_block_q": lambda v: {"model.attention_block": str(v)} if v > 0 else None,
     "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
     "shard_mode": lambda v: {"shard_mode": v},
     "num_pipeline_repeats": lambda v: {} if v in (-1, 1) else None,
@@ -330,10 +328,9 @@ _HANDLED_ELSEWHERE = frozenset(
         *CUSTOM_REMAT_KEYS,
     }
 )
-# Keys whose value here is what shardscope plans anyway (weights and optimizer state in float32, AdamW,
+# Keys whose value here is what shardscope plans anyway (gradients in float32, AdamW,
 # layers scanned on axis 1, MaxText's custom remat locations at their defaults).
 _SAME_AS_PLANNED: dict[str, Any] = {
-    "weight_dtype": "float32",
     "grad_dtype": "float32",
     "opt_type": "adamw",
     "scan_layers": True,

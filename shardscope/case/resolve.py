@@ -6,6 +6,7 @@ Everything here is validated before JAX starts, so a wrong name or mesh fails in
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,10 @@ def _split_settings(overrides: Mapping[str, str]) -> tuple[dict[str, str], dict[
     model: dict[str, str] = {}
     preset: dict[str, str] = {}
     for key, value in overrides.items():
+        if key.startswith(XLA_PREFIX):
+            if not _XLA_FLAG.fullmatch(key.removeprefix(XLA_PREFIX)):
+                raise ShardscopeError(f"--set {key}={value}: expected xla.<flag name> (as in LIBTPU_INIT_ARGS)")
+            continue  # a compiler option: `compiler_options_for`
         if key.startswith("model."):
             if key.removeprefix("model.") not in MODEL_SETTABLE:
                 raise unknown_name("setting", key, known)
@@ -106,6 +111,11 @@ def resolve_case(
     resolved_preset = get_preset(preset)
     topo = get_topology(topology)
     model_settings, preset_settings = _split_settings(overrides)
+    if xla_flags(overrides) and topo.platform == "cpu":
+        flag = next(iter(xla_flags(overrides)))
+        raise ShardscopeError(
+            f"--set xla.{flag}: XLA flags are options of the TPU compiler; give a TPU --topology to use them"
+        )
     model = apply_model_settings(model, model_settings)
     # MaxText's defaults take the model's own rules (llama2-7b's `norm`); a rule file replaces them.
     resolved_preset = apply_preset_overrides(resolved_preset, preset_settings)
@@ -215,6 +225,18 @@ def _check_pipeline(case: Case) -> None:
         )
 
 
+# `--set xla.<flag>=<value>`: an option of the TPU compiler, as MaxText's runs give them in LIBTPU_INIT_ARGS
+# (`--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000`); the compiler rejects one it does not have.
+XLA_PREFIX = "xla."
+_XLA_FLAG = re.compile(r"[A-Za-z0-9_]+")
+
+
+def xla_flags(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The TPU compiler options among a case's settings (flag name → value)."""
+    pairs = overrides.items() if isinstance(overrides, Mapping) else overrides
+    return {key.removeprefix(XLA_PREFIX): value for key, value in pairs if key.startswith(XLA_PREFIX)}
+
+
 def compiler_options_for(case: Case) -> dict[str, Any]:
     """CPU options that leave the partitioned program (shardings, collectives) unchanged and compile faster.
 
@@ -224,5 +246,5 @@ def compiler_options_for(case: Case) -> dict[str, Any]:
     deepseek-tiny); the options are recorded in each plan's provenance.
     """
     if case.topology.platform != "cpu":
-        return {}
+        return xla_flags(case.overrides)
     return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}

@@ -88,6 +88,7 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "num_layers": lambda text: _whole(text, 1, "a positive integer"),
     "first_dense_layers": lambda text: _whole(text, 0, "a whole number of layers"),
     "dtype": _dtype,
+    "weight_dtype": _dtype,
     "remat": _remat,
     "remat_custom": _remat_custom,
     "attention_kernel": _attention_kernel,

@@ -8,8 +8,9 @@ is unknown or whose op has no model get no time and are counted as unpriced, nev
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shardscope.case.hardware import Hardware, HardwareError, table_source
 from shardscope.cost.collective import PRICED_OPS, CollectiveTime, collective_time
@@ -17,8 +18,10 @@ from shardscope.cost.compute import compute_time
 from shardscope.cost.dcn import cross_slice_rows
 from shardscope.cost.layout import SLICE, Layout
 from shardscope.cost.memory import memory_need
+from shardscope.cost.step import expected_step, per_op_compute
+from shardscope.hlo.profile import WorkBin
 from shardscope.plan.document import Plan
-from shardscope.plan.estimate import Estimate, PricedRow, RowTime
+from shardscope.plan.estimate import PER_OP, WHOLE_STEP, ComputeTime, Estimate, PricedRow, RowTime
 from shardscope.plan.records import CollectiveRow, axes_label
 
 BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
@@ -85,6 +88,8 @@ def estimate_plan(
     flops: float | None = None,
     bytes_accessed: float | None = None,
     exact_memory: bool = True,
+    work: Sequence[WorkBin] = (),
+    route: str = "",
 ) -> Estimate:
     """Prices a plan on `hardware` laid out as `layout`.
 
@@ -96,6 +101,9 @@ def estimate_plan(
       flops, bytes_accessed: per-device figures of the compiled step (the plan's `compute` section).
       exact_memory: whether a TPU plan's compiled memory figures describe this hardware (False when a plan
         compiled for one generation is priced on another: its need is then estimated from the tensors).
+      work: the plan's work profile: with it, compute is priced op by op and `expected` overlaps per loop
+        body; without it, the whole-step roofline stands in.
+      route: which compile the figures come from, for every label that prints them.
 
     Raises:
       HardwareError: the layout is for another generation or mesh, or efficiency is not in (0, 1].
@@ -112,6 +120,11 @@ def estimate_plan(
     )
     pairs = [*zip(plan.collectives, rows, strict=True), *((p.row, p.time) for p in cross)]
     by_axes, by_op, by_pass = _totals(pairs)
+    compute = compute_time(hardware, flops, bytes_accessed)
+    communication = sum(t.seconds for _, t in pairs if t.seconds is not None)
+    expected, method = _expected(compute, communication, work, pairs, hardware)
+    if work:
+        compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware))
     return Estimate(
         hardware=hardware.name,
         slice_shape=layout.slice_shape,
@@ -125,8 +138,26 @@ def estimate_plan(
         by_axes=tuple(sorted(by_axes.items())),
         by_op=tuple(sorted(by_op.items())),
         by_pass=tuple(sorted(by_pass.items())),
-        communication=sum(t.seconds for _, t in pairs if t.seconds is not None),
+        communication=communication,
         unpriced_rows=sum(1 for t in rows if t.seconds is None),
-        compute=compute_time(hardware, flops, bytes_accessed),
+        compute=compute,
         memory=memory_need(plan, hardware, exact=exact_memory),
+        expected=expected,
+        expected_method=method,
+        route=route,
     )
+
+
+def _expected(
+    compute: ComputeTime,
+    communication: float,
+    work: Sequence[WorkBin],
+    pairs: Sequence[tuple[CollectiveRow, RowTime]],
+    hardware: Hardware,
+) -> tuple[float | None, str | None]:
+    if work:
+        return expected_step(work, pairs, hardware), PER_OP
+    if compute.flops is None:
+        return None, None
+    calibrated = max(compute.flops_seconds / hardware.mxu_efficiency, compute.memory_seconds / hardware.hbm_efficiency)
+    return max(calibrated, communication), WHOLE_STEP

@@ -103,7 +103,20 @@ def estimate_of(plan: Plan, target: Target, efficiency: float | None = None) -> 
         flops=compute.get("flops"),
         bytes_accessed=compute.get("bytes_accessed"),
         exact_memory=own is not None and own[0] == target.hardware.name,
+        work=plan.work,
+        route=route_of(plan.case.topology, target.hardware.name),
     )
+
+
+def route_of(topology: str, generation: str) -> str:
+    """Which compile a plan's figures come from: "TPU compile" (its own topology's compiler) or "CPU
+    compile priced as v5p" (another platform's program, priced on a TPU's figures)."""
+    own = tpu_of_topology(topology)
+    if own is None:
+        return f"CPU compile priced as {generation}"
+    if own[0] == generation:
+        return "TPU compile"
+    return f"{own[0]} compile priced as {generation}"
 
 
 def price_plan(plan: Plan, hardware: str | None = None, efficiency: float | None = None) -> Plan:

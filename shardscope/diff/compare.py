@@ -152,6 +152,7 @@ def _estimate_rows(plans: Sequence[Plan], names: Sequence[str]) -> list[Comparis
     totals = pd.DataFrame(
         {
             name: {
+                "step, expected": e.expected,
                 "step, not hidden": known(e.step_no_overlap, e),
                 "step, hidden": known(e.step_full_overlap, e),
                 "communication": e.communication,

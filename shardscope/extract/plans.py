@@ -14,6 +14,7 @@ from shardscope.case.tpu import libtpu_version
 from shardscope.extract.collectives import extract_collectives
 from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
 from shardscope.hlo.module import read_module
+from shardscope.hlo.profile import work_profile
 from shardscope.hlo.records import Module
 from shardscope.hlo.work import step_work
 from shardscope.plan.document import Plan
@@ -92,6 +93,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
         memory=_memory(step.compiled),
         schema=SCHEMA,
         compute=compute_of(module),
+        work=work_profile(module),
     )
 
 

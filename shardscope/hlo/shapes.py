@@ -12,11 +12,15 @@ import re
 
 from shardscope.hlo.metadata import matching_bracket, split_outside_brackets
 
-__all__ = ["async_start_output", "shape_info"]
+__all__ = ["async_start_output", "hbm_bytes", "shape_info"]
 
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _DTYPE_RE = re.compile(r"([sufc])(\d+)(.*)$")
 _COMMENT_RE = re.compile(r"/\*.*?\*/")
+# An array with its layout, `f32[8,16]{1,0:T(8,128)S(1)}`: S(n) with n > 0 puts it outside HBM (1: the
+# core's vector memory, 2: scalar memory, 5: host memory).
+_LAID_OUT_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
+_MEMORY_SPACE_RE = re.compile(r"S\((\d+)\)")
 _DTYPES = {"pred": "bool", "bf16": "bfloat16", "s": "int", "u": "uint", "f": "float", "c": "complex"}
 
 
@@ -57,6 +61,25 @@ def shape_info(shape: str) -> tuple[str, tuple[int, ...], int]:
         total += (elements * _bits(hlo_type) + 7) // 8
         dims_of_first = dims if i == 0 else dims_of_first
     return "+".join(sorted({_dtype(t) for t, _ in arrays})), dims_of_first, total
+
+
+@functools.lru_cache(maxsize=4096)
+def hbm_bytes(shape: str) -> int:
+    """Bytes of a shape's arrays that live in HBM: those whose layout names no other memory space (a
+    TPU program prefetches into vector memory, S(1), and offloads to host memory, S(5))."""
+    total = 0
+    for hlo_type, dims_text, layout in _LAID_OUT_RE.findall(_COMMENT_RE.sub("", shape)):
+        if hlo_type in ("token", "opaque"):
+            continue
+        space = _MEMORY_SPACE_RE.search(layout)
+        if space is not None and space.group(1) != "0":
+            continue
+        elements = 1
+        for d in dims_text.split(","):
+            if d.strip():
+                elements *= _dim(d)
+        total += (elements * _bits(hlo_type) + 7) // 8
+    return total
 
 
 def _top_level(text: str) -> list[str]:

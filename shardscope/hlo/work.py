@@ -12,7 +12,10 @@ XLA's `HloCostAnalysis` counts one execution of it, times how many times its com
   writes: its operands and its result. A fusion reads its operands and writes its result once, whatever it
   does inside, which is why fusion exists. Ops that move no data (parameters, bitcasts, loop and call
   boundaries, the `-done` halves of async pairs) access nothing; a tuple writes its pointers; a slice
-  reads only the slice and an in-place dynamic update writes only the update.
+  reads only the slice and an in-place dynamic update writes only the update. An asynchronous start of
+  a copy, slice or update (`copy-start`, `slice-start`, …) accesses what the op it starts would.
+- Only HBM counts: an array whose layout puts it in another memory space (a TPU program's prefetches
+  into vector memory, `S(1)`, its host offloads, `S(5)`) is not HBM traffic.
 
 A computation whose executions are unknown (a loop whose trip count cannot be derived) is left out and
 counted in `unknown_computations`, so a caller can tell a complete figure from a floor.
@@ -27,7 +30,7 @@ from shardscope.hlo.executions import Program
 from shardscope.hlo.flops import convolution_flops, dot_flops, parse_window
 from shardscope.hlo.metadata import split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module
-from shardscope.hlo.shapes import shape_info
+from shardscope.hlo.shapes import async_start_output, hbm_bytes, shape_info
 
 __all__ = ["StepWork", "instruction_flops", "step_work"]
 
@@ -112,12 +115,29 @@ def instruction_bytes(instruction: Instruction, operand_shapes: Sequence[str]) -
         return 0
     if opcode == "tuple":
         return POINTER_BYTES * len(split_outside_brackets(instruction.shape.strip()[1:-1], ","))
-    result = shape_info(instruction.shape)[2]
+    opcode, result_shape = started_op(instruction)
+    result = hbm_bytes(result_shape)
     if opcode in ("dynamic-slice", "slice"):
-        return 2 * result  # reads the slice, writes it
+        # Reads the slice (where the source is in HBM) and writes it (where the result is).
+        source_in_hbm = bool(operand_shapes) and hbm_bytes(operand_shapes[0]) > 0
+        return (shape_info(result_shape)[2] if source_in_hbm else 0) + result
     if opcode == "dynamic-update-slice" and len(operand_shapes) >= 2:
-        return 2 * shape_info(operand_shapes[1])[2]  # in place: reads and writes the update only
-    return result + sum(shape_info(s)[2] for s in operand_shapes)
+        # In place: reads the update and writes it (where the buffer is: not HBM when offloaded to host).
+        update = hbm_bytes(operand_shapes[1])
+        return update + (shape_info(operand_shapes[1])[2] if hbm_bytes(operand_shapes[0]) else 0)
+    return result + sum(hbm_bytes(s) for s in operand_shapes)
+
+
+def started_op(instruction: Instruction) -> tuple[str, str]:
+    """(opcode, result shape) of the op an instruction runs: an async start's shape is a tuple holding the
+    result (`copy-start`: (destination, source, context); a wrapped op: ((operands), result, context))."""
+    opcode = instruction.opcode
+    if not opcode.endswith("-start") or not instruction.shape.lstrip().startswith("("):
+        return opcode, instruction.shape
+    base = opcode.removesuffix("-start")
+    if base == "copy":
+        return base, split_outside_brackets(instruction.shape.strip()[1:-1], ",")[0]
+    return base, async_start_output(instruction.shape, base)
 
 
 def _fused(program: Program, runs: Mapping[str, int | None]) -> set[str]:
@@ -134,13 +154,13 @@ def _parameter_read_bytes(parameter: Instruction, users: Sequence[Instruction]) 
     """Bytes a fusion reads of one operand, from how the fused code uses its parameter (XLA's
     `FusionParameterReadBytes`): a slice reads its slice; a dynamic update never reads the buffer it updates;
     a broadcast or reshape reads the whole operand each; every other use shares one read of it."""
-    whole = shape_info(parameter.shape)[2]
+    whole = hbm_bytes(parameter.shape)
     size = 0
     shared_read = False
     for user in users:
         first = user.operands[:1] == (parameter.name,)
         if user.opcode == "slice" or (user.opcode == "dynamic-slice" and first):
-            size += shape_info(user.shape)[2]
+            size += min(whole, shape_info(user.shape)[2])
         elif user.opcode == "dynamic-update-slice" and first:
             continue
         elif user.opcode in ("broadcast", "reshape"):
@@ -154,8 +174,8 @@ def _parameter_read_bytes(parameter: Instruction, users: Sequence[Instruction]) 
 def _written_bytes(result: Instruction, by_name: Mapping[str, Instruction]) -> int:
     """Bytes a fusion writes for one result: an in-place dynamic update writes only its update."""
     if result.opcode == "dynamic-update-slice" and len(result.operands) > 1 and result.operands[1] in by_name:
-        return shape_info(by_name[result.operands[1]].shape)[2]
-    return shape_info(result.shape)[2]
+        return hbm_bytes(by_name[result.operands[1]].shape)
+    return hbm_bytes(result.shape)
 
 
 def fusion_bytes(program: Program, fusion: Instruction, operand_shapes: Sequence[str]) -> int:

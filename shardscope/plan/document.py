@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shardscope.hlo.profile import WorkBin
 from shardscope.plan.estimate import Estimate
 from shardscope.plan.findings import Finding
 from shardscope.plan.frames import collectives_frame, tensors_frame
@@ -29,6 +30,9 @@ class Plan:
     # Per-device work of the compiled step ("flops", "bytes_accessed"; see `shardscope.cost.work`); empty in
     # plans that were not compiled or were written before it was recorded.
     compute: tuple[tuple[str, int], ...] = ()
+    # The compiled step's ops binned by kind, pass, executions and arithmetic intensity
+    # (`shardscope.hlo.profile`): what the per-op cost model sums. Empty where `compute` is.
+    work: tuple[WorkBin, ...] = ()
     # What the plan costs on a target TPU (`shardscope.cost.price_plan`): derived from the fields above and a
     # hardware table, so diffs re-price both sides rather than compare it.
     estimate: Estimate | None = None

@@ -23,11 +23,19 @@ class ComputeTime:
     bytes_accessed: float | None
     flops_seconds: float  # at peak bf16 FLOP/s
     memory_seconds: float  # at peak HBM bandwidth
+    # Every op of the compiled step priced on its own at the calibrated efficiencies (`shardscope.cost.step`);
+    # None for plans without a work profile (tensors-only, or written before profiles were recorded).
+    per_op_seconds: float | None = None
+
+    @property
+    def roofline_seconds(self) -> float:
+        """The whole-step roofline at peak: whichever of compute and memory traffic takes longer."""
+        return max(self.flops_seconds, self.memory_seconds)
 
     @property
     def seconds(self) -> float:
-        """The roofline: whichever of compute and memory traffic takes longer."""
-        return max(self.flops_seconds, self.memory_seconds)
+        """The compute time: the per-op sum where the plan has a profile, else the whole-step roofline."""
+        return self.roofline_seconds if self.per_op_seconds is None else self.per_op_seconds
 
     @property
     def bound(self) -> str:
@@ -85,6 +93,11 @@ class PricedRow:
     time: RowTime
 
 
+# How `Estimate.expected` was reached.
+PER_OP = "per-op roofline, collectives overlapped per loop body"
+WHOLE_STEP = "whole-step roofline, collectives overlapped (no per-op profile in the plan)"
+
+
 @dataclass(frozen=True)
 class Estimate:
     """What a plan costs on one target: communication, compute, step bounds and memory."""
@@ -105,6 +118,11 @@ class Estimate:
     unpriced_rows: int
     compute: ComputeTime
     memory: MemoryEstimate
+    # The single best figure (`shardscope.cost.step`), how it was reached, and from which compile: "TPU
+    # compile" or "CPU compile priced as <generation>". None where compute is unknown (tensors-only plans).
+    expected: float | None = None
+    expected_method: str | None = None
+    route: str = ""
 
     @property
     def step_no_overlap(self) -> float:

@@ -91,8 +91,15 @@ def estimate_to_json(estimate: Estimate) -> dict[str, Any]:
             "memory_seconds": compute.memory_seconds,
             "seconds": compute.seconds,
             "bound": compute.bound,
+            "per_op_seconds": compute.per_op_seconds,
         },
-        "step": {"no_overlap": estimate.step_no_overlap, "full_overlap": estimate.step_full_overlap},
+        "step": {
+            "no_overlap": estimate.step_no_overlap,
+            "full_overlap": estimate.step_full_overlap,
+            "expected": estimate.expected,
+            "expected_method": estimate.expected_method,
+        },
+        "route": estimate.route,
         "memory": {
             "categories": dict(memory.categories),
             "order": [name for name, _ in memory.categories],
@@ -136,7 +143,11 @@ def estimate_from_json(data: Any, source: str = "estimate") -> Estimate:
                 bytes_accessed=_optional_float(compute["bytes_accessed"]),
                 flops_seconds=float(compute["flops_seconds"]),
                 memory_seconds=float(compute["memory_seconds"]),
+                per_op_seconds=_optional_float(compute.get("per_op_seconds")),
             ),
+            expected=_optional_float(data.get("step", {}).get("expected")),
+            expected_method=data.get("step", {}).get("expected_method"),
+            route=str(data.get("route", "")),
             memory=MemoryEstimate(
                 categories=tuple((str(name), int(categories[name])) for name in memory["order"]),
                 capacity=int(memory["capacity"]),

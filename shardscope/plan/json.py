@@ -12,6 +12,7 @@ from typing import Any
 
 from shardscope.case.rules import Spec, SpecEntry
 from shardscope.errors import PlanError
+from shardscope.hlo.profile import WorkBin
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate_json import estimate_from_json, estimate_to_json
 from shardscope.plan.findings import SEVERITIES, Finding
@@ -129,11 +130,40 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         data["parts"] = list(plan.parts)
     if plan.compute:
         data["compute"] = dict(plan.compute)
+    if plan.work:
+        data["work"] = [work_to_json(entry) for entry in plan.work]
     if plan.estimate is not None:
         data["estimate"] = estimate_to_json(plan.estimate)
     if plan.findings:
         data["findings"] = [finding_to_json(finding) for finding in plan.findings]
     return data
+
+
+def work_to_json(entry: WorkBin) -> dict[str, Any]:
+    """One bin of the compiled step's work profile."""
+    return {
+        "kind": entry.kind,
+        "pass": entry.pass_,
+        "executions": entry.executions,
+        "intensity": entry.intensity,
+        "ops": entry.ops,
+        "flops": entry.flops,
+        "bytes": entry.bytes,
+    }
+
+
+def work_from_json(data: dict[str, Any]) -> WorkBin:
+    """Inverse of `work_to_json` (raises KeyError/TypeError/ValueError on a malformed entry)."""
+    intensity = data["intensity"]
+    return WorkBin(
+        kind=str(data["kind"]),
+        pass_=str(data["pass"]),
+        executions=int(data["executions"]),
+        intensity=None if intensity is None else int(intensity),
+        ops=int(data["ops"]),
+        flops=int(data["flops"]),
+        bytes=int(data["bytes"]),
+    )
 
 
 def plan_to_json(plan: Plan) -> str:
@@ -191,6 +221,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         parts = tuple(str(part) for part in data.get("parts", PARTS))
         compute = tuple(sorted((str(k), int(v)) for k, v in data.get("compute", {}).items()))
         findings = tuple(finding_from_json(entry) for entry in data.get("findings", []))
+        work = tuple(work_from_json(entry) for entry in data.get("work", []))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise PlanError(f"{source}: corrupt plan ({type(err).__name__}: {err})") from None
     unknown_parts = [part for part in parts if part not in PARTS]
@@ -213,6 +244,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         "memory",
         "parts",
         "compute",
+        "work",
         "estimate",
         "findings",
     }
@@ -227,6 +259,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
         extra=extra,
         parts=tuple(part for part in PARTS if part in parts),
         compute=compute,
+        work=work,
         estimate=estimate,
         findings=findings,
     )

@@ -50,9 +50,10 @@ def counts_line(advice: Advice) -> str:
 
 
 def step_text(entry: Ranked) -> str:
-    """ "65.7–88.8 µs": fully overlapped – nothing overlapped."""
+    """ "≈70.1 µs (65.7–88.8)": expected, then fully overlapped – nothing overlapped."""
     low, high = human_seconds(entry.step_full_overlap), human_seconds(entry.step_no_overlap)
-    return high if low == high else f"{low}–{high}"
+    bounds = high if low == high else f"{low}–{high}"
+    return f"≈{human_seconds(entry.step_expected)} ({bounds})"
 
 
 def hbm_text(entry: Ranked) -> str:
@@ -66,7 +67,7 @@ def advice_renderable(advice: Advice, top: int) -> Group:
     def build(width: int) -> Table:
         mesh = max(len(_mesh(e)) for e in shown)
         preset = max(len(e.candidate.preset_label) for e in shown)
-        fixed = {"#": 3, "step": 15, "comm": 8, "compute": 8, "HBM": 9}
+        fixed = {"#": 3, "step": 26, "comm": 8, "compute": 8, "HBM": 9}
         # Preset and mesh share what is left, each unfolded when it fits (why is said below the table).
         left = max(20, width - sum(fixed.values()) - 3 * 7 + 1)
         preset = min(preset, max(8, left // 3))
@@ -93,8 +94,8 @@ def advice_renderable(advice: Advice, top: int) -> Group:
         parts.append(FitToWidth(build))
         parts.append(
             Text(
-                "step: communication fully hidden – nothing hidden (ranked by the latter); comm, compute: per device "
-                "per step; HBM need per device (~ estimated from the tensors)",
+                "step: ≈ expected (ranked by it), then the bounds: communication fully hidden – nothing hidden; all "
+                "estimates; comm, compute: per device per step; HBM need per device (~ estimated from the tensors)",
                 "dim",
             )
         )

@@ -70,6 +70,8 @@ def estimate_renderable(estimate: Estimate) -> Group:
             Text.assemble(("compute ", "bold"), compute_label(estimate)),
             Text.assemble(("step ", "bold"), step_label(estimate)),
         ]
+        if estimate.expected_method:
+            lines.append(Text(f"expected: {estimate.expected_method}", "dim"))
     if estimate.unpriced_rows:
         lines.append(Text(f"{estimate.unpriced_rows} collective row(s) not priced (see the plan JSON)", "yellow"))
     if estimate.cross_slice:

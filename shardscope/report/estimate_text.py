@@ -19,12 +19,28 @@ def efficiency_label(estimate: Estimate) -> str:
     return f"efficiency {estimate.efficiency:g} ({estimate.efficiency_source})"
 
 
+def route_label(estimate: Estimate) -> str:
+    """ "estimate from a TPU compile" (or "… from a CPU compile priced as v5p"): what every time printed is."""
+    return f"estimate from a {estimate.route}" if estimate.route else "estimate"
+
+
 def step_label(estimate: Estimate) -> str:
-    """ "40.1 ms – 52.4 ms (communication hidden … not hidden)", or at least the communication."""
+    """ "≈ 45.0 ms expected (estimate from a TPU compile); bounds 40.1 ms – 52.4 ms (communication hidden –
+    not hidden)", or at least the communication."""
     if estimate.compute.flops is None:
-        return f"≥ {human_seconds(estimate.communication)} (communication alone: compute unknown)"
+        return (
+            f"≥ {human_seconds(estimate.communication)} (communication alone: compute unknown; {route_label(estimate)})"
+        )
     low, high = estimate.step_full_overlap, estimate.step_no_overlap
-    return f"{human_seconds(low)} – {human_seconds(high)} (communication hidden – not hidden)"
+    bounds = f"{human_seconds(low)} – {human_seconds(high)} (communication hidden – not hidden)"
+    if estimate.expected is None:
+        return f"{bounds}; {route_label(estimate)}"
+    return f"≈ {human_seconds(estimate.expected)} expected ({route_label(estimate)}); bounds {bounds}"
+
+
+def step_method_label(estimate: Estimate) -> str | None:
+    """How the expected figure was reached, for the line under it."""
+    return estimate.expected_method
 
 
 def compute_label(estimate: Estimate) -> str:
@@ -88,6 +104,7 @@ def cost_rows(before: Estimate | None, after: Estimate | None) -> list[CostRow]:
 
     rows.append(("total", "communication", *both(lambda e: e.communication)))
     rows.append(("total", "compute", *both(compute)))
+    rows.append(("total", "step, expected", *both(lambda e: e.expected)))
     rows.append(("total", "step, not hidden", *both(lambda e: bound(e, False))))
     rows.append(("total", "step, hidden", *both(lambda e: bound(e, True))))
     return [row for row in rows if row[2] is not None or row[3] is not None]
@@ -98,7 +115,9 @@ def cost_headline(before: Estimate | None, after: Estimate | None, baseline: str
     without both sides. The step is compared when both sides know their compute, else the communication."""
     if before is None or after is None:
         return None
-    if before.compute.flops is not None and after.compute.flops is not None:
+    if before.expected is not None and after.expected is not None:
+        old, new, what = before.expected, after.expected, f"expected step, {route_label(after)}"
+    elif before.compute.flops is not None and after.compute.flops is not None:
         old, new, what = before.step_no_overlap, after.step_no_overlap, "step, communication not hidden"
     else:
         old, new, what = before.communication, after.communication, "communication"

@@ -43,7 +43,7 @@ from shardscope.report.diff_terminal import (
     trend_seconds,
     value_text,
 )
-from shardscope.report.estimate_text import cost_rows, memory_source_label, target_label
+from shardscope.report.estimate_text import cost_rows, memory_source_label, route_label, target_label
 from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
 from shardscope.report.layout import spec_text
 from shardscope.report.svg import paired_bars, stacked_against_capacity
@@ -98,7 +98,9 @@ def _time_cards(diff: PlanDiff) -> list[dict[str, str]]:
     before, after = diff.cost_before, diff.cost_after
     if before is None or after is None:
         return []
-    if before.compute.flops is not None and after.compute.flops is not None:
+    if before.expected is not None and after.expected is not None:
+        label, old, new = f"Step time, expected ({route_label(after)})", before.expected, after.expected
+    elif before.compute.flops is not None and after.compute.flops is not None:
         label, old, new = "Step time, not overlapped", before.step_no_overlap, after.step_no_overlap
     else:
         label, old, new = "Communication time / step", before.communication, after.communication

@@ -7,6 +7,7 @@ step is lowered (`lower_case`); the compile adds the collectives and memory (`co
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from reference_models.config import PipelineSettings
 from reference_models.sharding import ActivationRecord, ShardingContext, sharding_context
 from shardscope.case.resolve import Case, compiler_options_for
 from shardscope.case.rules import Indivisible
-from shardscope.errors import MemoryExhaustedError
+from shardscope.errors import MemoryExhaustedError, ShardscopeError
 from shardscope.stages.compiler_log import capture_compiler_log
 from shardscope.stages.devices import build_mesh
 from shardscope.stages.state import AbstractState, LogicalAxes, abstract_state, check_divisible, resolver
@@ -175,6 +176,11 @@ def compile_case(case: Case) -> CompiledStep:
             compiled = step.lowered.compile(compiler_options=options)
     except jax.errors.JaxRuntimeError as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        unknown = re.search(r"No such compile option: '([^']+)'", message)
+        if unknown is not None:
+            raise ShardscopeError(
+                f"--set xla.{unknown.group(1)}: the {case.topology.name} compiler has no such option"
+            ) from None
         if "RESOURCE_EXHAUSTED" not in message:
             raise
         # The TPU compiler refuses a program whose buffers exceed a device's memory.

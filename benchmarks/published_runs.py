@@ -1,0 +1,327 @@
+"""shardscope's expected step time against MaxText's published training runs.
+
+Every run in `published_runs.yaml` that shardscope can plan (its model is a flavor here, it is not quantized,
+its source gives a command line) is planned from that command line on its own TPU topology (the TPU route:
+libtpu compiles ahead of time) and, where it fits in this machine's memory, on as many fake CPU devices (the
+CPU route, priced as the run's TPU generation). Plans are kept in `benchmarks/plans/<id>.<route>.json`:
+compiling one takes minutes to half an hour here, pricing it milliseconds, so a change to the cost model is
+measured on every run at once, and the calibration (`calibrate.py`) reads the same files.
+
+  python benchmarks/published_runs.py                  the table: measured, expected per route, error, MAPE
+  python benchmarks/published_runs.py --markdown       the same table for the README
+  python benchmarks/published_runs.py --plan ID [...]  (re)plan runs (`all`: every plannable run), --route cpu|tpu
+
+Dense runs are what `calibrate.py` fits the constants of `hardware.yaml` to; MoE runs and seed 003 are
+validation only. Each error is expected / measured - 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent
+PLANS = ROOT / "plans"
+CATALOGUE = ROOT / "published_runs.yaml"
+ROUTES = ("tpu", "cpu")
+
+# Seed 003 (MaxText's explicit-sharding pipeline change, measured on v5p-8 by its author): not a catalogue
+# row, but a published measurement with its command line, used the same way (validation, never fitted).
+SEED_003 = "model_name=llama2-7b ici_pipeline_parallelism=2 num_pipeline_microbatches=8 pipeline_fsdp_ag_once=true"
+EXTRA_RUNS = [
+    {
+        "id": f"seed003-{mode}",
+        "model": "llama2-7b",
+        "kind": "dense (seed 003, validation)",
+        "topology": "v5p-8",
+        "num_slices": 1,
+        "devices": 4,
+        "overrides": f"{SEED_003} shard_mode={mode}",
+        "precision": "bf16",
+        "measured": {"step_time_s": seconds},
+        "measured_memory_bytes": memory_mb * 1e6,  # xprof's peak as the seed reports it ("48219Mb")
+        "fit_quality": "seed",
+        "validation_only": True,
+    }
+    for mode, seconds, memory_mb in (("auto", 4.567, 48219), ("explicit", 6.822, 50913))
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run, its measurement and shardscope's expected step on each route that has a plan."""
+
+    run: dict[str, Any]
+    measured: float | None
+    measured_kind: str
+    expected: dict[str, float | None]
+    dropped: tuple[str, ...]
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the calibration may use it: a dense catalogue run with a logged step time."""
+        return (
+            self.run.get("kind") == "dense" and not self.run.get("validation_only") and self.measured_kind == "logged"
+        )
+
+    def error(self, route: str) -> float | None:
+        expected = self.expected.get(route)
+        if expected is None or not self.measured:
+            return None
+        return expected / self.measured - 1
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """The catalogue's runs, then seed 003's two."""
+    return [*yaml.safe_load(CATALOGUE.read_text())["runs"], *EXTRA_RUNS]
+
+
+def plannable(run: dict[str, Any]) -> str | None:
+    """Why a run cannot be planned here, or None."""
+    from reference_models import MODELS
+
+    if run["model"] not in MODELS:
+        return "model not a shardscope flavor"
+    if any(q in str(run.get("precision")) for q in ("int8", "fp8")):
+        return f"quantized ({run['precision']})"
+    if not run.get("overrides"):
+        return "the source gives no command line"
+    return None
+
+
+def measured_step(run: dict[str, Any]) -> tuple[float | None, str]:
+    """(seconds, "logged" | "derived"): the logged step time, else the one derived from tokens/s."""
+    measured = run.get("measured") or {}
+    if measured.get("step_time_s"):
+        return float(measured["step_time_s"]), "logged"
+    derived = (measured.get("derived") or {}).get("step_time_s")
+    if derived:
+        return float(derived["value"]), "derived"
+    return None, "none"
+
+
+def command_line(run: dict[str, Any], route: str) -> tuple[str, tuple[str, ...]]:
+    """MaxText's command line for a route, without the keys this MaxText has none of (newer or older
+    releases' keys; returned so the table can say which were dropped)."""
+    from shardscope.case.resolve import resolve_maxtext_case
+    from shardscope.errors import ShardscopeError
+
+    words = run["overrides"].split()
+    if route == "tpu":
+        words += [f"compile_topology={run['topology']}", f"compile_topology_num_slices={run['num_slices']}"]
+    topology = None if route == "tpu" else f"cpu-{run['devices']}"
+    dropped: list[str] = []
+    while True:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                resolve_maxtext_case(run["model"], None, topology, " ".join(words))
+            return " ".join(words), tuple(dropped)
+        except ShardscopeError as err:
+            unknown = re.match(r"--maxtext (\w+)=.*MaxText has no key", str(err))
+            if unknown is None:
+                raise
+            dropped.append(unknown.group(1))
+            words = [w for w in words if not w.startswith(unknown.group(1) + "=")]
+
+
+def plan_path(run: dict[str, Any], route: str) -> Path:
+    return PLANS / f"{run['id']}.{route}.json"
+
+
+def plan_run(run: dict[str, Any], route: str) -> None:
+    """Compiles one run on one route and keeps its plan (unpriced: pricing is redone at every report)."""
+    import dataclasses
+
+    import shardscope
+    from shardscope.errors import ShardscopeError
+
+    words, dropped = command_line(run, route)
+    topology = "cpu-8" if route == "tpu" else f"cpu-{run['devices']}"  # compile_topology names the TPU one
+    print(f"planning {run['id']} ({route} route){' without ' + ', '.join(dropped) if dropped else ''}", flush=True)
+    PLANS.mkdir(exist_ok=True)
+    refusal = refusal_path(run, route)
+    # The run's LIBTPU_INIT_ARGS are options of its TPU compile (they decide e.g. whether matmuls are
+    # windowed over their all-gathers); flags this libtpu does not have are dropped and said.
+    flags = xla_settings(run) if route == "tpu" else {}
+    while True:
+        try:
+            plan = shardscope.plan_case(run["model"], topology=topology, maxtext=words, settings=flags)
+            break
+        except ShardscopeError as err:
+            unknown = re.match(r"--set (xla\.\w+): the .* compiler has no such option", str(err))
+            if unknown is not None:
+                print(f"  dropped {unknown.group(1)} (not an option of this libtpu)", flush=True)
+                flags.pop(unknown.group(1))
+                continue
+            refusal.write_text(f"{err}\n")  # the compiler refused it (memory): that is the run's verdict
+            print(f"  refused: {err}", flush=True)
+            return
+    refusal.unlink(missing_ok=True)
+    shardscope.save_plan(dataclasses.replace(plan, estimate=None), plan_path(run, route))
+
+
+def xla_settings(run: dict[str, Any]) -> dict[str, str]:
+    """The run's XLA flags (`--name=value …`) as shardscope settings (`xla.name`)."""
+    settings = {}
+    for word in (run.get("xla_flags") or "").split():
+        name, _, value = word.removeprefix("--").partition("=")
+        settings[f"xla.{name}"] = value or "true"
+    return settings
+
+
+def refusal_path(run: dict[str, Any], route: str) -> Path:
+    return PLANS / f"{run['id']}.{route}.refused"
+
+
+def expected_on(run: dict[str, Any], route: str) -> float | None:
+    """The expected step of a run's stored plan, priced on the run's generation (None: no plan)."""
+    import shardscope
+    from shardscope.cost.price import price_plan
+
+    path = plan_path(run, route)
+    if not path.exists():
+        return None
+    plan = shardscope.load_plan(path)
+    priced = price_plan(plan, None if route == "tpu" else run["topology"].rsplit("-", 1)[0])
+    return None if priced.estimate is None else priced.estimate.expected
+
+
+def rows() -> list[Row]:
+    out = []
+    for run in catalogue():
+        if plannable(run) is not None:
+            continue
+        measured, kind = measured_step(run)
+        expected = {route: expected_on(run, route) for route in ROUTES}
+        if all(v is None for v in expected.values()):
+            continue
+        out.append(Row(run, measured, kind, expected, ()))
+    return out
+
+
+def mape(errors: list[float]) -> str:
+    return f"{100 * sum(abs(e) for e in errors) / len(errors):.1f}%" if errors else "–"
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def _error(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f}%"
+
+
+def table(found: list[Row], markdown: bool) -> str:
+    header = ["run", "kind", "measured", "TPU route", "error", "CPU route", "error"]
+    lines = []
+    for row in found:
+        kind = "dense, fitted" if row.fitted else f"{row.run.get('kind')}, validation"
+        measured = _seconds(row.measured) + (" (derived)" if row.measured_kind == "derived" else "")
+        lines.append(
+            [
+                row.run["id"],
+                kind,
+                measured,
+                _seconds(row.expected["tpu"]),
+                _error(row.error("tpu")),
+                _seconds(row.expected["cpu"]),
+                _error(row.error("cpu")),
+            ]
+        )
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
+    else:
+        widths = [max(len(str(x)) for x in column) for column in zip(header, *lines, strict=True)]
+        out = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)) for line in [header, *lines]]
+    for route in ROUTES:
+        for label, pick in (("fitted (dense)", True), ("validation", False)):
+            errors = [e for r in found if r.fitted == pick and (e := r.error(route)) is not None]
+            bullet = "- " if markdown else ""
+            out.append(f"{bullet}{route.upper()} route, {label}: MAPE {mape(errors)} over {len(errors)} runs")
+    return "\n".join(out)
+
+
+def _gb(value: float | None) -> str:
+    return "–" if value is None else f"{value / 1e9:.1f} GB"
+
+
+def maxtext_memory(run: dict[str, Any]) -> float | None:
+    """MaxText's logged memory need of a run in bytes: the compiler's total estimate where logged, else
+    the measured peak (seed 003), else None."""
+    memory = (run.get("measured") or {}).get("memory") or {}
+    estimate = memory.get("compiler_estimate") or {}
+    if "total_estimated_memory_size" in estimate:
+        return float(estimate["total_estimated_memory_size"]) * 1e9
+    return run.get("measured_memory_bytes")
+
+
+def memory_table(markdown: bool) -> str:
+    """Each plannable run: its command line, whether the TPU compiler placed it, shardscope's HBM need
+    (argument + output + temporaries - aliased, as the compiler reports them) and MaxText's."""
+    import shardscope
+
+    header = ["run", "command line (MaxText)", "TPU compile", "shardscope HBM", "MaxText's"]
+    lines = []
+    for run in catalogue():
+        why = plannable(run)
+        if why is not None:
+            continue
+        path, refusal = plan_path(run, "tpu"), refusal_path(run, "tpu")
+        need = None
+        if path.exists():
+            memory = dict(shardscope.load_plan(path).memory)
+            need = memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"] - memory["alias_bytes"]
+            outcome = "fits"
+        elif refusal.exists():
+            outcome = "refused: " + refusal.read_text().strip().split("(", 1)[-1].rstrip(")")[:90]
+        else:
+            outcome = "not compiled here yet"
+        theirs = maxtext_memory(run)
+        lines.append([run["id"], f"`{run['overrides']}`", outcome, _gb(need), _gb(theirs)])
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
+    return "\n".join("  ".join(line) for line in [header, *lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", nargs="*", metavar="ID", help="(re)plan these runs ('all': every plannable run)")
+    parser.add_argument("--route", choices=ROUTES, default="tpu")
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="the memory table: each run's HBM need")
+    args = parser.parse_args(argv)
+    if args.plan is not None:
+        runs = {run["id"]: run for run in catalogue()}
+        chosen = [r for r in runs.values() if plannable(r) is None] if args.plan == ["all"] else []
+        for name in args.plan if args.plan != ["all"] else []:
+            if name not in runs:
+                print(f"unknown run {name!r}", file=sys.stderr)
+                return 2
+            chosen.append(runs[name])
+        for run in chosen:
+            plan_run(run, args.route)
+        return 0
+    if args.memory:
+        print(memory_table(args.markdown))
+        return 0
+    found = rows()
+    if not found:
+        print("no stored plans: run with --plan first", file=sys.stderr)
+        return 1
+    print("Expected step time (estimates) against MaxText's measured step times; error = expected / measured - 1")
+    print(table(found, args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The expected step time: the compiled step's ops priced one by one, and the collectives (and host
+transfers) overlapped with the compute of the same loop body, as the TPU compiler schedules them.
+
+- Compute: each op takes max(matrix FLOPs / (peak × MXU efficiency), HBM bytes / (bandwidth × HBM
+  efficiency)); the plan's work profile (`shardscope.hlo.profile`) holds the ops binned by arithmetic
+  intensity, so the sum of per-op maxima is taken bin by bin. Attention-kernel ops count their FLOPs only
+  (the kernel keeps its scores on chip).
+- Overlap: the TPU compiler runs collectives asynchronously and its latency-hiding scheduler moves their
+  start away from their use, within the computation that holds them; a loop body's collectives are
+  pipelined against the body's own compute. Ops and collective rows are grouped by region: how many times
+  they run per step (a layer loop's trips, a pipeline's iterations, once for the code outside loops), which
+  tells loop bodies apart without naming them (collective rows do not record their computation). The
+  pass is not part of the region: a pipeline's permutes carry no pass in their metadata yet run in the
+  loops whose compute hides them. Each region takes max(compute, transfers): the longer hides the other.
+- Host transfers (a remat policy's offload) go over the host link, asynchronously like collectives.
+
+The two bounds stay beside it: communication entirely hidden (max of the totals) and not hidden at all
+(their sum); the expected figure lies between them by construction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from shardscope.case.hardware import Hardware
+from shardscope.hlo.profile import WorkBin
+from shardscope.plan.estimate import RowTime
+from shardscope.plan.records import CollectiveRow
+
+Region = int | None  # executions per step (None: a collective row whose loop trips are unknown)
+
+
+def bin_seconds(entry: WorkBin, hardware: Hardware) -> float:
+    """Device time of one bin's ops (host transfers excluded: they are transfers, see `host_seconds`)."""
+    flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
+    if entry.kind == "kernel":
+        return entry.flops / flops_rate
+    if entry.kind == "host":
+        return 0.0
+    return max(entry.flops / flops_rate, entry.bytes / (hardware.hbm_bandwidth_per_device * hardware.hbm_efficiency))
+
+
+def host_seconds(entry: WorkBin, hardware: Hardware) -> float:
+    """Time of a bin's host transfers on the chip's host link (0 when the table has no such figure)."""
+    bandwidth = hardware.host_bandwidth_per_device
+    if entry.kind != "host" or bandwidth is None:
+        return 0.0
+    return entry.bytes / bandwidth
+
+
+def per_op_compute(work: Iterable[WorkBin], hardware: Hardware) -> float:
+    """The step's compute time, op by op."""
+    return sum(bin_seconds(entry, hardware) for entry in work)
+
+
+def expected_step(
+    work: Sequence[WorkBin],
+    rows: Iterable[tuple[CollectiveRow, RowTime]],
+    hardware: Hardware,
+) -> float:
+    """Σ over regions of max(compute, collectives + host transfers) (see the module doc). Rows without a
+    time (unpriced) add nothing, as in the bounds."""
+    compute: dict[Region, float] = defaultdict(float)
+    transfers: dict[Region, float] = defaultdict(float)
+    for entry in work:
+        region = entry.executions
+        compute[region] += bin_seconds(entry, hardware)
+        transfers[region] += host_seconds(entry, hardware)
+    for row, time in rows:
+        if time.seconds is None:
+            continue
+        transfers[row.loop_trips] += time.seconds
+    return sum(max(compute[region], transfers[region]) for region in compute.keys() | transfers.keys())

@@ -1,0 +1,164 @@
+"""The compiled step as the cost model prices it: every operation that runs on its own (a fusion, a dot, a
+copy, a host transfer), with its matrix-unit FLOPs and HBM bytes, grouped so that a per-op roofline can be
+summed on any hardware without the HLO.
+
+An op's time on a chip is max(FLOPs / matrix rate, bytes / HBM rate): which side wins depends on the op's
+arithmetic intensity (FLOPs per byte) and on the chip. Ops are therefore grouped by intensity in
+quarter-octave bins (within a bin every op is on the same side of any chip's ridge but the one the ridge
+falls in, so the sum of per-op maxima is kept to a few percent), and by where they run (pass and executions
+per step, which is how the overlap model pairs them with the collectives of the same loop body).
+
+Kinds:
+- `matmul`: an op with matrix-unit work (a dot, a convolution, or a fusion containing one).
+- `memory`: an op with none (elementwise fusions, copies, slices, reductions): bytes only. Vector-unit
+  FLOPs are not counted: on TPU such ops are bound by HBM traffic.
+- `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`): its FLOPs are the kernel's; its bytes
+  are not, since the kernel keeps each block's scores on chip where the stand-in writes them to HBM.
+- `host`: a transfer between HBM and host memory (memory space S(5), a remat policy's offload): bytes over
+  the host link, which overlaps compute as collectives do.
+Collectives are not here: the plan's collective rows price them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardscope.hlo.executions import Program
+from shardscope.hlo.metadata import pass_of
+from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
+from shardscope.hlo.shapes import shape_info
+from shardscope.hlo.work import NO_ACCESS, fusion_bytes, instruction_bytes, instruction_flops
+
+__all__ = ["KERNEL_SCOPE", "KINDS", "WorkBin", "work_profile"]
+
+KERNEL_SCOPE = "flash_attention"  # the reference models' named scope around the attention kernel stand-in
+KINDS = ("matmul", "memory", "kernel", "host")
+BINS_PER_OCTAVE = 4
+HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
+
+_OP_NAME = re.compile(r'op_name="([^"\\]*(?:\\.[^"\\]*)*)"')
+_MATRIX_OPS = frozenset({"dot", "convolution"})
+
+
+@dataclass(frozen=True)
+class WorkBin:
+    """Ops of one kind, pass, loop depth and arithmetic intensity: their summed work per step."""
+
+    kind: str  # one of KINDS
+    pass_: str  # forward / backward / optimizer / other, as collective rows
+    executions: int  # runs per step of each op here (1 outside loops, the trips inside one)
+    intensity: int | None  # floor(BINS_PER_OCTAVE × log2(FLOPs / byte)); None: no FLOPs or no bytes
+    ops: int  # op executions per step
+    flops: int  # matrix-unit FLOPs per step
+    bytes: int  # HBM (or host link) bytes per step
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        """Sort key: kind, pass, executions, intensity (None first)."""
+        return (self.kind, self.pass_, self.executions, -(10**6) if self.intensity is None else self.intensity)
+
+
+def _intensity(flops: int, nbytes: int) -> int | None:
+    if flops <= 0 or nbytes <= 0:
+        return None
+    return math.floor(BINS_PER_OCTAVE * math.log2(flops / nbytes))
+
+
+def _op_name(instruction: Instruction) -> str:
+    match = _OP_NAME.search(instruction.attribute("metadata") or "")
+    return match.group(1) if match else ""
+
+
+def _host_bytes(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
+    """Bytes an op moves between host memory and HBM, or None when it touches no host buffer."""
+    if HOST_MEMORY not in instruction.shape and not any(HOST_MEMORY in s for s in operand_shapes):
+        return None
+    opcode = instruction.opcode.removesuffix("-start")
+    if opcode == "dynamic-update-slice" and len(operand_shapes) >= 2:
+        return shape_info(operand_shapes[1])[2]  # the update crosses, the host buffer stays
+    if opcode in ("dynamic-slice", "slice"):
+        result = instruction.shape
+        if result.startswith("("):  # an async start's (operands, result, context) tuple
+            return None
+        return shape_info(result)[2]
+    if opcode == "copy":
+        return shape_info(operand_shapes[0])[2] if operand_shapes else None
+    return None
+
+
+def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> int:
+    """Matrix-unit FLOPs of one execution: a dot or convolution, or those a fusion runs inside."""
+    if instruction.opcode in _MATRIX_OPS:
+        return instruction_flops(instruction, operand_shapes)
+    if instruction.opcode != "fusion":
+        return 0
+    total = 0
+    for attribute, callee in instruction.callees():
+        if attribute != "calls":
+            continue
+        shapes = program.shapes(callee)
+        for inner in program.instructions(callee):
+            if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
+                total += _matrix_flops(program, inner, [shapes.get(o, "") for o in inner.operands])
+    return total
+
+
+def _fused(program: Program, runs: Mapping[str, int | None]) -> set[str]:
+    fused: set[str] = set()
+    for name in runs:
+        for instruction in program.instructions(name):
+            if instruction.opcode == "fusion":
+                fused.update(callee for attribute, callee in instruction.callees() if attribute == "calls")
+    return fused
+
+
+def _classify(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> tuple[str, int, int] | None:
+    """(kind, matrix FLOPs, bytes) of one execution of a top-level op, or None for ops that cost nothing
+    here (names, boundaries, collectives, the second half of an async pair)."""
+    opcode = instruction.opcode
+    if opcode in NO_ACCESS or opcode.endswith(ASYNC_ENDS) or opcode == "tuple":
+        return None
+    host = _host_bytes(instruction, operand_shapes)
+    if host is not None:
+        return "host", 0, host
+    if COLLECTIVE_LIKE.match(opcode) is not None:
+        return None
+    flops = _matrix_flops(program, instruction, operand_shapes)
+    if KERNEL_SCOPE in _op_name(instruction):
+        return "kernel", flops, 0
+    if opcode == "fusion":
+        nbytes = fusion_bytes(program, instruction, operand_shapes)
+    else:
+        nbytes = instruction_bytes(instruction, operand_shapes)
+    return ("matmul" if flops else "memory"), flops, nbytes
+
+
+def work_profile(module: Module) -> tuple[WorkBin, ...]:
+    """Every top-level op of the step that runs a known number of times, binned (see the module doc).
+    Ops of computations whose executions are unknown are left out, as in `step_work`."""
+    program = Program(module)
+    runs = program.executions_per_step()
+    fused = _fused(program, runs)
+    sums: dict[tuple[str, str, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for name, count in runs.items():
+        if not count or name in fused:
+            continue
+        shapes = program.shapes(name)
+        for instruction in program.instructions(name):
+            operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
+            found = _classify(program, instruction, operand_shapes)
+            if found is None:
+                continue
+            kind, flops, nbytes = found
+            op_name = _op_name(instruction)
+            key = (kind, pass_of(op_name) if op_name else "other", count, _intensity(flops, nbytes))
+            total = sums[key]
+            total[0] += count
+            total[1] += count * flops
+            total[2] += count * nbytes
+    bins = (WorkBin(k[0], k[1], k[2], k[3], ops, flops, nbytes) for k, (ops, flops, nbytes) in sums.items())
+    return tuple(sorted(bins, key=lambda b: b.key))

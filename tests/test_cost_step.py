@@ -1,0 +1,135 @@
+"""The per-op work profile of a compiled step (`shardscope.hlo.profile`) and the expected step time priced
+from it (`shardscope.cost.step`).
+
+The profile is checked against what the program is made of (a compiled matmul's FLOPs and bytes, the ops
+of a scanned loop times its trips, a named scope, a host-memory buffer); the expected step against the
+arithmetic its definition gives and against the two bounds it must lie between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from shardscope.case.hardware import load_hardware
+from shardscope.cost.step import bin_seconds, expected_step, host_seconds, per_op_compute
+from shardscope.hlo.module import read_module
+from shardscope.hlo.profile import BINS_PER_OCTAVE, WorkBin, work_profile
+from shardscope.hlo.shapes import hbm_bytes
+from shardscope.hlo.work import step_work
+from shardscope.plan.estimate import RowTime
+from shardscope.plan.records import CollectiveRow
+
+
+def profile_of(function, *args) -> tuple[WorkBin, ...]:
+    return work_profile(read_module(jax.jit(function).lower(*args).compile().as_text()))
+
+
+def test_a_matmul_is_one_matmul_op_with_its_flops_and_its_operands_and_result_as_bytes():
+    a, b = jnp.ones((256, 512), jnp.float32), jnp.ones((512, 128), jnp.float32)
+    bins = profile_of(jnp.matmul, a, b)
+    matmuls = [entry for entry in bins if entry.kind == "matmul"]
+    assert sum(entry.flops for entry in matmuls) == 2 * 256 * 512 * 128
+    assert sum(entry.bytes for entry in matmuls) == 4 * (256 * 512 + 512 * 128 + 256 * 128)
+    assert sum(entry.ops for entry in matmuls) == 1
+
+
+def test_a_scanned_loop_counts_its_body_once_per_trip_and_the_profile_sums_to_the_step_work():
+    x, ws = jnp.ones((128, 256)), jnp.ones((6, 256, 256))
+
+    def layers(x, ws):
+        y, _ = jax.lax.scan(lambda c, w: (jax.nn.relu(c @ w), None), x, ws)
+        return y.sum()
+
+    text = jax.jit(layers).lower(x, ws).compile().as_text()
+    bins = work_profile(read_module(text))
+    in_loop = [entry for entry in bins if entry.kind == "matmul" and entry.executions == 6]
+    assert sum(entry.flops for entry in in_loop) == 6 * 2 * 128 * 256 * 256
+    # Every matrix FLOP of the step is in the profile, once.
+    assert sum(entry.flops for entry in bins) == step_work(read_module(text)).matmul_flops
+
+
+def test_ops_in_the_flash_attention_scope_are_the_kernels_flops_without_bytes():
+    def attention(q, k):
+        with jax.named_scope("flash_attention"):
+            return jax.nn.softmax(q @ k.T).sum()
+
+    bins = profile_of(attention, jnp.ones((128, 64)), jnp.ones((128, 64)))
+    kernel = [entry for entry in bins if entry.kind == "kernel"]
+    assert sum(entry.flops for entry in kernel) == 2 * 128 * 64 * 128
+    assert all(entry.bytes == 0 for entry in kernel)
+    assert not [entry for entry in bins if entry.kind == "matmul"]
+
+
+def test_bins_are_quarter_octaves_of_arithmetic_intensity():
+    a, b = jnp.ones((256, 512), jnp.float32), jnp.ones((512, 128), jnp.float32)
+    (matmul,) = [entry for entry in profile_of(jnp.matmul, a, b) if entry.kind == "matmul"]
+    intensity = matmul.flops / matmul.bytes
+    assert 2 ** (matmul.intensity / BINS_PER_OCTAVE) <= intensity < 2 ** ((matmul.intensity + 1) / BINS_PER_OCTAVE)
+
+
+HOST_UPDATE = """HloModule offload, entry_computation_layout={()->f32[8,128]{1,0:S(5)}}
+
+ENTRY main {
+  buffer = f32[8,128]{1,0:S(5)} parameter(0)
+  update = f32[1,128]{1,0} parameter(1)
+  zero = s32[] constant(0)
+  three = s32[] constant(3)
+  ROOT offloaded = f32[8,128]{1,0:S(5)} dynamic-update-slice(buffer, update, three, zero)
+}
+"""
+
+
+def test_an_update_of_a_host_buffer_is_a_host_transfer_of_the_update():
+    bins = work_profile(read_module(HOST_UPDATE))
+    (host,) = [entry for entry in bins if entry.kind == "host"]
+    assert host.bytes == 4 * 128 and host.flops == 0
+
+
+def test_only_arrays_in_hbm_count_as_hbm_bytes():
+    assert hbm_bytes("f32[8,16]{1,0:T(8,128)}") == 512
+    assert hbm_bytes("f32[8,16]{1,0:T(8,128)S(1)}") == 0  # prefetched into vector memory
+    assert hbm_bytes("(f32[8,16]{1,0}, bf16[4]{0:S(5)}, s32[])") == 512 + 4  # the host buffer is not HBM
+
+
+V5P = load_hardware("v5p")
+
+
+def work(kind: str, executions: int, flops: int, nbytes: int, pass_: str = "forward") -> WorkBin:
+    return WorkBin(kind, pass_, executions, None, executions, flops, nbytes)
+
+
+def row(trips: int, pass_: str = "forward") -> CollectiveRow:
+    return CollectiveRow("all-gather", ("fsdp",), "bfloat16", (8,), 16, 1, trips, pass_, "decoder")
+
+
+def test_an_op_takes_the_longer_of_its_flops_and_its_bytes_at_the_calibrated_rates():
+    tuned = dataclasses.replace(V5P, mxu_efficiency=0.5, hbm_efficiency=0.8)
+    compute_bound = work("matmul", 1, 10**12, 10**6)
+    memory_bound = work("memory", 1, 0, 10**10)
+    assert bin_seconds(compute_bound, tuned) == pytest.approx(10**12 / (V5P.flops_per_device * 0.5))
+    assert bin_seconds(memory_bound, tuned) == pytest.approx(10**10 / (V5P.hbm_bandwidth_per_device * 0.8))
+    assert bin_seconds(work("kernel", 1, 10**12, 10**12), tuned) == bin_seconds(compute_bound, tuned)
+    assert host_seconds(work("host", 1, 0, 10**9), tuned) == pytest.approx(10**9 / V5P.host_bandwidth_per_device)
+
+
+def test_collectives_hide_behind_the_compute_of_the_loop_they_run_in_and_no_other():
+    layers = work("matmul", 48, 48 * 10**10, 1)  # 48 layer iterations of compute
+    outside = work("memory", 1, 0, 10**9)  # the optimizer update, once
+    in_loop = (row(48), RowTime(0.5 * bin_seconds(layers, V5P), 0.0, 0.0))  # half the loop's compute
+    once = (row(1, "other"), RowTime(3 * bin_seconds(outside, V5P), 0.0, 0.0))  # three times the update
+    expected = expected_step([layers, outside], [in_loop, once], V5P)
+    # The loop's collectives are hidden; the update hides a third of the last one.
+    assert expected == pytest.approx(bin_seconds(layers, V5P) + 3 * bin_seconds(outside, V5P))
+    compute = per_op_compute([layers, outside], V5P)
+    communication = in_loop[1].seconds + once[1].seconds
+    assert max(compute, communication) <= expected <= compute + communication
+
+
+def test_unpriced_rows_add_nothing():
+    layers = work("matmul", 4, 4 * 10**10, 1)
+    unpriced = (row(4), RowTime(None, 0.0, 0.0, "unknown loop trip count"))
+    assert expected_step([layers], [unpriced], V5P) == bin_seconds(layers, V5P)
