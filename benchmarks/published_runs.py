@@ -35,22 +35,28 @@ ROUTES = ("tpu", "cpu")
 # Seed 003 (MaxText's explicit-sharding pipeline change, measured on v5p-8 by its author): not a catalogue
 # row, but a published measurement with its command line, used the same way (validation, never fitted).
 SEED_003 = "model_name=llama2-7b ici_pipeline_parallelism=2 num_pipeline_microbatches=8 pipeline_fsdp_ag_once=true"
+SEED_003_ZERO1 = f"{SEED_003} ici_data_parallelism=2 shard_optimizer_over_data=true"
 EXTRA_RUNS = [
     {
-        "id": f"seed003-{mode}",
+        "id": f"seed003-{name}-{mode}",
         "model": "llama2-7b",
         "kind": "dense (seed 003, validation)",
         "topology": "v5p-8",
         "num_slices": 1,
         "devices": 4,
-        "overrides": f"{SEED_003} shard_mode={mode}",
+        "overrides": f"{command} shard_mode={mode}",
         "precision": "bf16",
         "measured": {"step_time_s": seconds},
         "measured_memory_bytes": memory_mb * 1e6,  # xprof's peak as the seed reports it ("48219Mb")
         "fit_quality": "seed",
         "validation_only": True,
     }
-    for mode, seconds, memory_mb in (("auto", 4.567, 48219), ("explicit", 6.822, 50913))
+    for name, command, mode, seconds, memory_mb in (
+        ("fsdp-pp", SEED_003, "auto", 4.567, 48219),
+        ("fsdp-pp", SEED_003, "explicit", 6.822, 50913),
+        ("zero1-pp", SEED_003_ZERO1, "auto", 4.636, 48315),
+        ("zero1-pp", SEED_003_ZERO1, "explicit", 5.272, 47997),
+    )
 ]
 
 

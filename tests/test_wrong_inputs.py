@@ -44,6 +44,7 @@ PRESET_FILES = {
     "bad_moe.yaml": "mesh_axes: [fsdp]\nmoe: ragged\n",
     "no_mesh_axes.yaml": "logical_axis_rules: []\n",
     "pipeline_key.yaml": "mesh_axes: [stage, fsdp]\npipeline: {stages: 2}\n",
+    "typo_axis.yaml": "mesh_axes: [fsdp, expert]\nlogical_axis_rules: [[embed, [fsdpp]]]\n",
 }
 
 # An HLO module on 4 devices: one all-gather over pairs.
@@ -132,6 +133,10 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("dump", "deepseek-tiny", "--preset", "bad_moe.yaml"), "moe must be one of"),
     (("dump", "deepseek-tiny", "--preset", "no_mesh_axes.yaml"), "missing required key 'mesh_axes'"),
     (("dump", "deepseek-tiny", "--preset", "pipeline_key.yaml"), "unknown pipeline key 'stages'"),
+    (
+        ("lint", "deepseek-tiny", "--preset", "typo_axis.yaml"),
+        "names mesh axis 'fsdpp', which mesh_axes lacks; did you mean 'fsdp'?",
+    ),
     (("dump", "deepseek-tiny", "--preset", "absent.yaml"), "does not exist"),
     # outputs
     (("dump", "deepseek-tiny", "-o", "existing.json/plan.json"), "is a file, not a directory"),

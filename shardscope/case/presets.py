@@ -14,6 +14,7 @@ first `activation_length` rule, else `context`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -293,9 +294,29 @@ def absent_rule_axes(preset: Preset) -> tuple[str, ...]:
     return tuple(sorted({axis for axis in named if axis not in preset.mesh_axes}))
 
 
+# Every mesh axis MaxText has had: base.yml's `mesh_axes`, and `tensor_transpose` of its older rule files. A
+# rule may name one its file's mesh lacks (MaxText's shared files do: size 1); any other name is a typo when
+# it is close to an axis of the mesh.
+MAXTEXT_MESH_AXES = frozenset(
+    {"diloco", "data", "stage", "fsdp", "fsdp_transpose", "context", "context_usp_ulysses"}
+    | {"context_autoregressive", "tensor", "tensor_transpose", "tensor_sequence", "expert", "autoregressive"}
+)
+
+
 def _check_axes_exist(preset: Preset, source: str) -> None:
-    """Mesh sizes, the context axis and the pipeline's stage axis must name axes of `mesh_axes` (rules and
-    data_sharding may name others: those are size 1)."""
+    """Mesh sizes, the context axis and the pipeline's stage axis must name axes of `mesh_axes`; rules and
+    data_sharding may name others (size 1), unless the name is a misspelling of one of the mesh's."""
+    for logical, axes in preset.logical_axis_rules:
+        for axis in axes:
+            if axis in preset.mesh_axes or axis in MAXTEXT_MESH_AXES:
+                continue
+            close = difflib.get_close_matches(axis, preset.mesh_axes, n=1, cutoff=0.8)
+            if close:
+                raise _fail(
+                    source,
+                    f"rule {logical} → {axis} names mesh axis {axis!r}, which mesh_axes lacks; "
+                    f"did you mean {close[0]!r}?",
+                )
     mentioned: list[tuple[str, str]] = [(axis, "mesh") for axis, _ in preset.mesh]
     if preset.context_sharding:
         mentioned.append((preset.context_sharding, "context_sharding"))
