@@ -86,7 +86,7 @@ def test_a_calibration_outside_zero_to_one_is_refused(monkeypatch, value):
     table = yaml.safe_load(yaml.safe_dump(hardware._table()))
     table["calibration"]["mxu_efficiency"] = value
     monkeypatch.setattr(hardware, "_table", lambda: table)
-    with pytest.raises(HardwareError, match="calibration.mxu_efficiency must be in"):
+    with pytest.raises(HardwareError, match=r"calibration\.mxu_efficiency must be in"):
         load_hardware("v5p")
 
 

@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import shardscope
 from shardscope.case.hardware import load_hardware
+from shardscope.case.tpu import libtpu_version
 from shardscope.cost.step import bin_seconds, expected_step, host_seconds, per_op_compute
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import BINS_PER_OCTAVE, WorkBin, work_profile
@@ -133,3 +135,20 @@ def test_unpriced_rows_add_nothing():
     layers = work("matmul", 4, 4 * 10**10, 1)
     unpriced = (row(4), RowTime(None, 0.0, 0.0, "unknown loop trip count"))
     assert expected_step([layers], [unpriced], V5P) == bin_seconds(layers, V5P)
+
+
+def tpu_traffic(plan) -> int:
+    """Bytes per device per step as a TPU moves them (a CPU plan's rows say so in `tpu_bytes`)."""
+    return sum((r.bytes if r.tpu_bytes is None else r.tpu_bytes) * r.count * r.loop_trips for r in plan.collectives)
+
+
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+def test_a_cpu_program_priced_as_a_tpu_moves_what_the_tpu_program_moves():
+    # XLA's CPU compiler moves a bfloat16 model's weights and gradients in float32; the TPU's in bfloat16.
+    settings = {"model.dtype": "bfloat16"}
+    cpu = shardscope.plan_case("llama-tiny", "default", "cpu-8", settings=settings)
+    tpu = shardscope.plan_case("llama-tiny", "default", "v5p-16", settings=settings)
+    as_cpu = sum(r.bytes * r.count * r.loop_trips for r in cpu.collectives)
+    assert as_cpu > 1.8 * tpu_traffic(tpu)  # the CPU program's own bytes: float32
+    assert tpu_traffic(cpu) == pytest.approx(tpu_traffic(tpu), rel=0.10)
+    assert all(r.tpu_bytes is None for r in tpu.collectives)

@@ -38,7 +38,9 @@ def price_row(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency
         return RowTime(None, 0.0, 0.0, "groups match no mesh axes")
     if row.op not in PRICED_OPS:
         return RowTime(None, 0.0, 0.0, f"no time model for {row.op}")
-    one = collective_time(row.op, row.bytes, layout.group(row.axes, within_slice), hardware, row.shift)
+    # A CPU program's row moves, on the TPU, the bytes its values take there (`tpu_bytes`).
+    nbytes = row.bytes if row.tpu_bytes is None else row.tpu_bytes
+    one = collective_time(row.op, nbytes, layout.group(row.axes, within_slice), hardware, row.shift)
     if row.loop_trips is None:
         return RowTime(None, one.latency, one.transfer, "unknown loop trip count")
     return RowTime(one.seconds(efficiency) * row.count * row.loop_trips, one.latency, one.transfer)

@@ -29,16 +29,20 @@ def collective_rows(parsed: HloCollectives) -> tuple[CollectiveRow, ...]:
             source=c.source,
             groups=c.groups,
             shift=c.shift,
+            tpu_bytes=c.tpu_bytes,
         )
         for c in parsed.collectives
     )
 
 
-def extract_collectives(hlo: str | Module, mesh: Sequence[tuple[str, int]]) -> tuple[CollectiveRow, ...]:
-    """Collective rows of a compiled module (its text, or the module read from it), in the case's mesh axes."""
+def extract_collectives(
+    hlo: str | Module, mesh: Sequence[tuple[str, int]], narrow: bool = False
+) -> tuple[CollectiveRow, ...]:
+    """Collective rows of a compiled module (its text, or the module read from it), in the case's mesh axes;
+    `narrow` (a CPU program): with the bytes a TPU would move (`tpu_bytes`)."""
     layout = MeshLayout(axis_names=tuple(a for a, _ in mesh), axis_sizes=tuple(s for _, s in mesh))
     module = hlo if isinstance(hlo, Module) else read_module(hlo)
-    return collective_rows(collectives_of(module, layout))
+    return collective_rows(collectives_of(module, layout, narrow))
 
 
 def module_layout(text: str, num_devices: int | None) -> MeshLayout:

@@ -89,7 +89,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
         case=case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
         tensors=step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
-        collectives=extract_collectives(module, slice_mesh(case)),
+        collectives=extract_collectives(module, slice_mesh(case), narrow=case.topology.platform == "cpu"),
         memory=_memory(step.compiled),
         schema=SCHEMA,
         compute=compute_of(module),

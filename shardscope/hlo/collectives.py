@@ -12,6 +12,8 @@ Conventions of each row (`Collective`):
   loop_trips  product of the trip counts of the enclosing while loops (a loop condition counts trips + 1);
           None if one is unknown, or if the text ends before the computation's callers (a truncated file).
           Every branch of a conditional is counted, as if it always ran.
+  tpu_bytes  (only when asked, for a CPU program) `bytes` with the float32 values of bfloat16 precision
+          counted in bfloat16, as a TPU moves them (`shardscope.hlo.narrowing`); None when none narrow.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from shardscope.hlo.groups import (
 )
 from shardscope.hlo.metadata import module_path, pass_of
 from shardscope.hlo.module import gc_paused, read_module
+from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.notices import module_notices
 from shardscope.hlo.records import COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info
@@ -75,10 +78,14 @@ class Collective:
     loop_trips: int | None
     pass_: str
     source: str
+    tpu_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict in field order; `pass_` is emitted as "pass", tuples as lists."""
+        """Plain JSON-able dict in field order; `pass_` is emitted as "pass", tuples as lists; `tpu_bytes`
+        only when set."""
         out = {f.name.rstrip("_"): getattr(self, f.name) for f in fields(self)}
+        if self.tpu_bytes is None:
+            del out["tpu_bytes"]
         return {**out, "axes": None if self.axes is None else list(self.axes), "shape": list(self.shape)}
 
 
@@ -171,9 +178,11 @@ def _base(opcode: str) -> str:
     return opcode.rsplit("-", 1)[0] if opcode.endswith(("-start", "-done")) else opcode
 
 
-def collectives_of(module: Module, mesh: MeshLayout | None = None) -> HloCollectives:
-    """The collectives of a read module (see `parse_collectives`)."""
+def collectives_of(module: Module, mesh: MeshLayout | None = None, narrow: bool = False) -> HloCollectives:
+    """The collectives of a read module (see `parse_collectives`); `narrow`: also each row's `tpu_bytes`
+    (for a CPU program priced as a TPU)."""
     rows = _Rows(mesh, module.num_devices)
+    narrowing = Narrowing(module) if narrow else None
     raws: list[Collective] = []
     sizes: list[int] = []
     per_computation: dict[str, list[int]] = {}
@@ -195,6 +204,9 @@ def collectives_of(module: Module, mesh: MeshLayout | None = None) -> HloCollect
                     raws[r] = replace(raws[r], dtype=dtype, shape=dims, bytes=nbytes)
             elif base in COLLECTIVE_OPS:
                 row, size = rows.row(base, instruction, opcode != base)
+                moved = narrowing.tpu_bytes(comp.name, instruction) if narrowing is not None else None
+                if moved is not None:  # scaled like `bytes` (a reduce-scatter reports its operand)
+                    row = replace(row, tpu_bytes=row.bytes * moved // max(shape_info(instruction.shape)[2], 1))
                 mine.append(len(raws))
                 if opcode != base:
                     starts[instruction.name] = len(raws)

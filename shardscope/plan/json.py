@@ -83,6 +83,8 @@ def collective_to_json(row: CollectiveRow) -> dict[str, Any]:
         data["groups"] = row.groups
     if row.shift is not None:
         data["shift"] = row.shift
+    if row.tpu_bytes is not None:
+        data["tpu_bytes"] = row.tpu_bytes
     return data
 
 
@@ -100,6 +102,7 @@ def collective_from_json(c: Any) -> CollectiveRow:
         source=str(c["source"]),
         groups=c.get("groups"),
         shift=c.get("shift"),
+        tpu_bytes=None if c.get("tpu_bytes") is None else int(c["tpu_bytes"]),
     )
 
 

@@ -55,6 +55,9 @@ class CollectiveRow:
     source: str
     groups: str | None = None
     shift: int | None = None
+    # A CPU program's row: `bytes` with its float32 values of bfloat16 precision in bfloat16, as a TPU moves
+    # them (what pricing a CPU plan as a TPU uses); None when nothing narrows, and in TPU plans.
+    tpu_bytes: int | None = None
 
     @property
     def traffic(self) -> int | None:

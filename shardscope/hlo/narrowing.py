@@ -1,0 +1,138 @@
+"""Which float32 collectives of a CPU program carry values of bfloat16 precision: the bytes a TPU moves.
+
+XLA's CPU compiler runs a bfloat16 program's arithmetic in float32 (its float normalisation): a weight is
+all-gathered in float32 and rounded to bfloat16 by its consumer, a gradient computed in bfloat16 is
+widened before it is summed. The TPU compiler moves such values in bfloat16 (it moves the conversion to
+the other side of the collective), so pricing a CPU program as a TPU needs the bytes in bfloat16. A value
+has bfloat16 precision when it comes straight from a conversion out of a 16-bit float, or when every
+consumer rounds it to a 16-bit float before anything else (both seen through bitcasts, copies, reshapes
+and transposes, and into fusions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardscope.hlo.executions import computation_instructions
+from shardscope.hlo.metadata import split_outside_brackets
+from shardscope.hlo.records import Instruction, Module
+from shardscope.hlo.shapes import shape_info
+
+__all__ = ["Narrowing"]
+
+_VIEWS = frozenset({"bitcast", "copy", "reshape", "transpose"})
+_HALF = ("bf16[", "f16[")
+
+
+def _is_half(shape: str) -> bool:
+    return shape.strip().startswith(_HALF)
+
+
+def _elements(shape: str) -> list[str]:
+    text = shape.strip()
+    return split_outside_brackets(text[1:-1], ",") if text.startswith("(") else [text]
+
+
+class _Table:
+    """One computation's instructions by name, and each one's users."""
+
+    def __init__(self, instructions: Sequence[Instruction]) -> None:
+        self.by_name = {i.name: i for i in instructions}
+        self.users: dict[str, list[Instruction]] = {}
+        for i in instructions:
+            for operand in dict.fromkeys(i.operands):
+                self.users.setdefault(operand, []).append(i)
+        self.root = next((i for i in instructions if i.is_root), instructions[-1] if instructions else None)
+        self.parameters = {_parameter_index(i): i for i in instructions if i.opcode == "parameter"}
+
+
+def _parameter_index(parameter: Instruction) -> int:
+    # `parameter(3)`: the number is read as the instruction's only operand.
+    return int(parameter.operands[0]) if parameter.operands and parameter.operands[0].isdigit() else -1
+
+
+class Narrowing:
+    """Answers, per collective instruction of a module, the bytes its result would take in bfloat16 where
+    its values have bfloat16 precision (tables are read once per computation)."""
+
+    def __init__(self, module: Module) -> None:
+        self.module = module
+        self._tables: dict[str, _Table] = {}
+
+    def _table(self, computation: str) -> _Table:
+        if computation not in self._tables:
+            self._tables[computation] = _Table(computation_instructions(self.module, computation))
+        return self._tables[computation]
+
+    def tpu_bytes(self, computation: str, collective: Instruction) -> int | None:
+        """The collective's result bytes with every float32 element of bfloat16 precision counted at 2 bytes
+        an element; None when nothing narrows (or the collective is asynchronous: its values are read
+        through its `-done`)."""
+        if collective.opcode.endswith("-start"):
+            return None
+        table = self._table(computation)
+        elements = _elements(collective.shape)
+        total = narrowed = 0
+        for index, element in enumerate(elements):
+            size = shape_info(element)[2]
+            total += size
+            if not element.strip().startswith("f32["):
+                continue
+            operand = collective.operands[index] if index < len(collective.operands) else None
+            if len(elements) > 1:
+                consumers = [u for u in table.users.get(collective.name, []) if _tuple_index(u) == index]
+                half_use = bool(consumers) and all(self._rounds(table, u.name) for u in consumers)
+            else:
+                half_use = self._rounds(table, collective.name)
+            if half_use or (operand is not None and self._comes_from_half(table, operand)):
+                narrowed += size // 2
+        return total - narrowed if narrowed else None
+
+    def _comes_from_half(self, table: _Table, name: str) -> bool:
+        producer = table.by_name.get(name)
+        while producer is not None and producer.opcode in _VIEWS and producer.operands:
+            producer = table.by_name.get(producer.operands[0])
+        if producer is None:
+            return False
+        if producer.opcode == "convert":
+            source = table.by_name.get(producer.operands[0]) if producer.operands else None
+            return source is not None and _is_half(source.shape)
+        if producer.opcode == "fusion":
+            fused = self._fused_table(producer)
+            return fused is not None and fused.root is not None and self._comes_from_half(fused, fused.root.name)
+        return False
+
+    def _rounds(self, table: _Table, name: str) -> bool:
+        """Whether every use of `name` rounds it to a 16-bit float first."""
+        users = table.users.get(name, [])
+        if not users:
+            return False
+        for user in users:
+            if user.opcode in _VIEWS:
+                if not self._rounds(table, user.name):
+                    return False
+            elif user.opcode == "convert":
+                if not _is_half(user.shape):
+                    return False
+            elif user.opcode == "fusion":
+                fused = self._fused_table(user)
+                if fused is None:
+                    return False
+                for position, operand in enumerate(user.operands):
+                    parameter = fused.parameters.get(position)
+                    if operand == name and (parameter is None or not self._rounds(fused, parameter.name)):
+                        return False
+            else:
+                return False
+        return True
+
+    def _fused_table(self, fusion: Instruction) -> _Table | None:
+        called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
+        return self._table(called[0]) if called else None
+
+
+def _tuple_index(instruction: Instruction) -> int | None:
+    if instruction.opcode != "get-tuple-element":
+        return None
+    index = instruction.attribute("index")
+    return int(index) if index is not None and index.isdigit() else None
