@@ -78,6 +78,14 @@ def run_pipeline(
     if any(axis in entry_axes(entry) for entry in batch_spec):
         raise ValueError(f"the activations inside a pipeline stage must not be sharded over {axis!r}: {batch_spec}")
     micro = _to_microbatches(context, x, count, batch_spec)
+    # The microbatches enter every stage whole, so their gradient is summed over the stage axis; JAX writes
+    # that sum's reducer with a sharding constraint in it, which XLA's CPU compiler cannot widen from 16-bit
+    # floats (it aborts the process: "Invalid binary instruction opcode copy" in AllReducePromotion). On CPU
+    # the microbatches cross the stage boundary in float32; the values are the same (the CPU route prices
+    # that sum in the 16-bit type it holds), and the TPU program is untouched.
+    inner_dtype = micro.dtype
+    if _on_cpu(context) and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
+        micro = micro.astype(jnp.float32)
 
     def stage_layers(params, hidden):
         def one_layer(h, layer_params):
@@ -86,6 +94,7 @@ def run_pipeline(
         return jax.lax.scan(one_layer, hidden, jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis, 0), params))[0]
 
     def schedule(params, micro):
+        micro = micro.astype(inner_dtype)
         stage = jax.lax.axis_index(axis)
         first, last = stage == 0, stage == stages - 1
         rotation = [(s, (s + 1) % stages) for s in range(stages)]
@@ -119,6 +128,10 @@ def run_pipeline(
     # Only the last stage's outputs are non-zero: the sum over stages is an all-reduce over `stage`.
     outputs = jnp.sum(run(stacked_params, micro), axis=0)
     return _from_microbatches(context, outputs, batch_spec)
+
+
+def _on_cpu(context: ShardingContext) -> bool:
+    return context.mesh.devices.flat[0].platform == "cpu"
 
 
 def _to_microbatches(context: ShardingContext, x: jax.Array, count: int, batch_spec: PartitionSpec) -> jax.Array:

@@ -102,7 +102,7 @@ def test_the_pruned_search_ranks_as_compiling_every_candidate(model, preset, exh
 
 def test_the_ranking_is_ordered_and_each_row_says_why(exhaustive):
     advice = exhaustive["deepseek-tiny"]
-    steps = [e.step_no_overlap for e in advice.ranking]
+    steps = [e.step_expected for e in advice.ranking]
     assert steps == sorted(steps)
     assert [e.rank for e in advice.ranking] == list(range(1, len(advice.ranking) + 1))
     best = advice.ranking[0]
@@ -120,15 +120,31 @@ def test_plans_equal_up_to_rounding_are_said_to_tie(exhaustive):
     twin = dataclasses.replace(
         best,
         candidate=dataclasses.replace(best.candidate, index=best.candidate.index + 100),
-        step_no_overlap=best.step_no_overlap * (1 + 1e-15),
-        step_full_overlap=best.step_full_overlap * (1 - 1e-15),
+        program="another program",
+        step_expected=best.step_expected * (1 + 1e-15),
+        step_no_overlap=best.step_no_overlap * (1 - 1e-15),
     )
-    slower = dataclasses.replace(twin, step_full_overlap=best.step_full_overlap * 1.5)
+    slower = dataclasses.replace(twin, program="a third program", step_no_overlap=best.step_no_overlap * 1.5)
     ranked, over = rank([slower, twin, best])
     assert [e.candidate.index for e in ranked] == [best.candidate.index, twin.candidate.index, slower.candidate.index]
     assert ranked[1].reason == "same estimate as #1 (listed after it in search order)"
-    assert ranked[2].reason.startswith("ties #1 with nothing overlapped;") and " 0 s " not in ranked[2].reason
+    assert ranked[2].reason.startswith("ties #1 expected;") and " 0 s " not in ranked[2].reason
     assert over == ()
+
+
+def test_presets_that_compile_to_one_program_are_one_row(exhaustive):
+    from shardscope.advise.rank import rank
+
+    best = exhaustive["deepseek-tiny"].ranking[0]
+    alias = dataclasses.replace(
+        best,
+        candidate=dataclasses.replace(
+            best.candidate, index=best.candidate.index + 100, preset="pure-fsdp", preset_label="pure-fsdp"
+        ),
+    )
+    ranked, _ = rank([alias, best])
+    assert len(ranked) == 1 and ranked[0].candidate.index == best.candidate.index
+    assert ranked[0].same_program == ("pure-fsdp",)
 
 
 def test_each_command_reproduces_its_mesh(exhaustive):

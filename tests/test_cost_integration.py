@@ -154,3 +154,16 @@ def test_diff_cli_prints_the_cost_headline(tmp_path):
     delta = independent(new, "v5p").expected - independent(old, "v5p").expected
     assert f"{signed_seconds(delta)} per step over default on v5p 2x2x2" in result.output
     assert "Estimated time per step (v5p 2x2x2, efficiency 0.82)" in result.output
+
+
+def test_tensors_only_plans_compare_no_time(tmp_path):
+    runner = CliRunner()
+    paths = []
+    for preset in ("default", "ep-as-cp"):
+        out = tmp_path / f"{preset}.json"
+        result = runner.invoke(app, ["dump", "deepseek-tiny", "--preset", preset, "--tensors-only", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        paths.append(str(out))
+    result = runner.invoke(app, ["diff", *paths, "--hardware", "v5p"], terminal_width=200)
+    assert "time per step not compared: a tensors-only plan" in result.output
+    assert "per step over" not in result.output  # no "±0 per step" from two plans with no time at all

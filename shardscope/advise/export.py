@@ -29,6 +29,7 @@ CSV_COLUMNS = (
     "dominant_op",
     "dominant_s",
     "reason",
+    "same_program",
     "command",
 )
 
@@ -54,6 +55,7 @@ def ranked_row(entry: Ranked) -> dict[str, Any]:
         "dominant_op": op,
         "dominant_s": seconds,
         "reason": entry.reason,
+        "same_program": " ".join(entry.same_program),
         "command": entry.command,
     }
 

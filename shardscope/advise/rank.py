@@ -1,15 +1,16 @@
 """Compiled candidates in order: fastest estimated step first, among those that fit in HBM.
 
-The key is the step with nothing overlapped (compute, then every collective), then the step with
-communication fully hidden, then the HBM need, then the candidate's place in enumeration order: a plan
-that is faster however much the compiler manages to overlap ranks first, and equal estimates keep a fixed
-order, so the ranking never depends on which compile finished first. Each row says why it wins or loses:
-the winner its largest collective (axis and op); every other row the collective that costs it most
-against the winner.
+The key is the expected step (`Estimate.expected`: per-op compute, collectives overlapped per loop body),
+then the step with nothing overlapped, then the HBM need, then the candidate's place in enumeration order:
+equal estimates keep a fixed order, so the ranking never depends on which compile finished first. Each
+row says why it wins or loses: the winner its largest collective (axis and op); every other row the
+collective that costs it most against the winner. Presets that compile to the same program on the same
+mesh (the same collectives, memory and work) are one row, which names them all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import shlex
 from collections import defaultdict
@@ -45,6 +46,8 @@ class Ranked:
     command: str  # the `shardscope dump` that reproduces the plan
     rank: int = 0  # 1 = best; 0: does not fit
     reason: str = ""
+    program: str = ""  # a digest of the compiled program's collectives, memory and work on this mesh
+    same_program: tuple[str, ...] = ()  # other presets that compiled to this program (folded into this row)
 
     @property
     def fits(self) -> bool:
@@ -90,13 +93,32 @@ def ranked_of(candidate: Candidate, plan: Plan, command: Sequence[str]) -> Ranke
         hbm_exact=estimate.memory.exact,
         by_collective=collective_times(plan, estimate),
         command=shlex.join(command),
+        program=program_digest(plan),
     )
+
+
+def program_digest(plan: Plan) -> str:
+    """What two presets share when they compile to the same program on the same mesh."""
+    text = repr((plan.case.mesh, plan.collectives, plan.memory, plan.compute))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _fold_same_programs(entries: Sequence[Ranked]) -> list[Ranked]:
+    """One row per program (the first in order), naming the other presets that compiled to it."""
+    kept: dict[str, Ranked] = {}
+    for entry in entries:
+        first = kept.get(entry.program)
+        if first is None or not entry.program:
+            kept[entry.program or f"#{entry.candidate.index}"] = entry
+            continue
+        kept[entry.program] = replace(first, same_program=(*first.same_program, entry.candidate.preset_label))
+    return list(kept.values())
 
 
 def rank(entries: Sequence[Ranked]) -> tuple[tuple[Ranked, ...], tuple[Ranked, ...]]:
     """(the candidates that fit, best first, numbered and explained; those that do not, least over first)."""
 
-    fitting = sorted((e for e in entries if e.fits), key=Ranked.sort_key)
+    fitting = _fold_same_programs(sorted((e for e in entries if e.fits), key=Ranked.sort_key))
     over = sorted((e for e in entries if not e.fits), key=lambda e: (e.hbm_need - e.hbm_capacity, e.sort_key()))
     best = fitting[0] if fitting else None
     ranked = tuple(replace(e, rank=i + 1, reason=_reason(e, best)) for i, e in enumerate(fitting))

@@ -101,6 +101,8 @@ def advice_renderable(advice: Advice, top: int) -> Group:
         )
         for entry in shown:
             parts.append(Text(f"#{entry.rank} {entry.reason}"))
+            if entry.same_program:
+                parts.append(Text(f"   the same compiled program under {', '.join(entry.same_program)}"))
             parts.append(Text(f"   {entry.command}", "dim"))
     else:
         parts.append(Text("no candidate fits in HBM", "bold red"))
@@ -139,6 +141,7 @@ def _entry_view(entry: Ranked) -> dict[str, Any]:
         "hbm": human_bytes(entry.hbm_need) + ("" if entry.hbm_exact else " (estimated)"),
         "dominant": f"{dominant[1]} over {dominant[0]}" if dominant else "none",
         "reason": entry.reason,
+        "same_program": ", ".join(entry.same_program),
         "command": entry.command,
     }
 

@@ -115,6 +115,9 @@ def cost_headline(before: Estimate | None, after: Estimate | None, baseline: str
     without both sides. The step is compared when both sides know their compute, else the communication."""
     if before is None or after is None:
         return None
+    if any(not e.rows and e.compute.flops is None for e in (before, after)):
+        # A tensors-only plan has neither collectives nor compiled work: there is no time to compare.
+        return "time per step not compared: a tensors-only plan (nothing compiled) has no communication or compute"
     if before.expected is not None and after.expected is not None:
         old, new, what = before.expected, after.expected, f"expected step, {route_label(after)}"
     elif before.compute.flops is not None and after.compute.flops is not None:
