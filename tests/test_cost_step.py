@@ -152,3 +152,73 @@ def test_a_cpu_program_priced_as_a_tpu_moves_what_the_tpu_program_moves():
     assert as_cpu > 1.8 * tpu_traffic(tpu)  # the CPU program's own bytes: float32
     assert tpu_traffic(cpu) == pytest.approx(tpu_traffic(tpu), rel=0.10)
     assert all(r.tpu_bytes is None for r in tpu.collectives)
+
+
+# XLA's CPU compiler's expansion of a scatter-add (an embedding's gradient): a loop over the 512 updates,
+# each trip rewriting the [1000, 64] operand in place.
+SCATTER_LOOP = """HloModule scatter
+
+body {
+  p = (s32[], f32[1000,64]{1,0}, s32[512]{0}, f32[512,64]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  operand = f32[1000,64]{1,0} get-tuple-element(p), index=1
+  indices = s32[512]{0} get-tuple-element(p), index=2
+  updates = f32[512,64]{1,0} get-tuple-element(p), index=3
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  zero = s32[] constant(0)
+  row = f32[1,64]{1,0} dynamic-slice(updates, i, zero), dynamic_slice_sizes={1,64}
+  updated = f32[1000,64]{1,0} dynamic-update-slice(operand, row, i, zero)
+  ROOT t = (s32[], f32[1000,64]{1,0}, s32[512]{0}, f32[512,64]{1,0}) tuple(next, updated, indices, updates)
+}
+
+cond {
+  p = (s32[], f32[1000,64]{1,0}, s32[512]{0}, f32[512,64]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(512)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+ENTRY main {
+  operand = f32[1000,64]{1,0} parameter(0)
+  indices = s32[512]{0} parameter(1)
+  updates = f32[512,64]{1,0} parameter(2)
+  zero = s32[] constant(0)
+  init = (s32[], f32[1000,64]{1,0}, s32[512]{0}, f32[512,64]{1,0}) tuple(zero, operand, indices, updates)
+  loop = (s32[], f32[1000,64]{1,0}, s32[512]{0}, f32[512,64]{1,0}) while(init), condition=cond, body=body,
+    metadata={op_name="jit(step)/transpose(jvp(Model))/embed/scatter-add"}
+  ROOT result = f32[1000,64]{1,0} get-tuple-element(loop), index=1
+}
+"""
+
+
+def test_a_scatter_the_cpu_compiler_expanded_into_a_loop_counts_as_one_scatter():
+    bins = work_profile(read_module(SCATTER_LOOP))
+    assert all(entry.executions == 1 for entry in bins)  # nothing of the 512-trip loop body is counted
+    (scatter,) = [entry for entry in bins if entry.ops == 1 and entry.pass_ == "backward"]
+    # Indices and updates read, the rows they touch read and written.
+    assert scatter.bytes == 3 * (512 * 4 + 512 * 64 * 4)
+
+
+# The CPU compiler's layout copy of the kernel's scores has no metadata; the residual add after it has.
+KERNEL_COPY = """HloModule kernel
+
+ENTRY main {
+  q = f32[128,64]{1,0} parameter(0)
+  k = f32[128,64]{1,0} parameter(1)
+  scores = f32[128,128]{1,0} dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={1},
+    metadata={op_name="jit(step)/attention/flash_attention/dot_general"}
+  moved = f32[128,128]{0,1} copy(scores)
+  other = f32[128,64]{1,0} add(q, k), metadata={op_name="jit(step)/add"}
+  ROOT out = (f32[128,128]{0,1}, f32[128,64]{1,0}) tuple(moved, other)
+}
+"""
+
+
+def test_unnamed_ops_next_to_the_kernel_are_the_kernels():
+    bins = work_profile(read_module(KERNEL_COPY))
+    kernel = [entry for entry in bins if entry.kind == "kernel"]
+    assert sum(entry.ops for entry in kernel) == 2  # the dot and its unnamed copy
+    assert all(entry.bytes == 0 for entry in kernel)
+    (memory,) = [entry for entry in bins if entry.kind == "memory"]
+    assert memory.bytes == 3 * 128 * 64 * 4  # the named add is not the kernel's

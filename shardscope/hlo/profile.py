@@ -12,10 +12,13 @@ Kinds:
 - `matmul`: an op with matrix-unit work (a dot, a convolution, or a fusion containing one).
 - `memory`: an op with none (elementwise fusions, copies, slices, reductions): bytes only. Vector-unit
   FLOPs are not counted: on TPU such ops are bound by HBM traffic.
-- `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`): its FLOPs are the kernel's; its bytes
-  are not, since the kernel keeps each block's scores on chip where the stand-in writes them to HBM.
+- `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
+  ops without a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
+  each block's scores on chip where the stand-in writes them to HBM.
 - `host`: a transfer between HBM and host memory (memory space S(5), a remat policy's offload): bytes over
   the host link, which overlaps compute as collectives do.
+A scatter that XLA's CPU compiler expanded into a loop over its updates counts as the one scatter a TPU
+runs (`_scatter_loops`).
 Collectives are not here: the plan's collective rows price them.
 """
 
@@ -28,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardscope.hlo.executions import Program
-from shardscope.hlo.metadata import pass_of
+from shardscope.hlo.metadata import pass_of, split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import shape_info
 from shardscope.hlo.work import NO_ACCESS, fusion_bytes, instruction_bytes, instruction_flops
@@ -116,7 +119,31 @@ def _fused(program: Program, runs: Mapping[str, int | None]) -> set[str]:
     return fused
 
 
-def _classify(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> tuple[str, int, int] | None:
+def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
+    """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
+    compiler added around them without a name of their own (the CPU compiler's layout copies and
+    conversions of the scores carry no metadata), found through their operands and users."""
+    kernel = {i.name for i in instructions if KERNEL_SCOPE in _op_name(i)}
+    if not kernel:
+        return kernel
+    unnamed = {i.name for i in instructions if not _op_name(i) and i.opcode not in NO_ACCESS}
+    neighbours: dict[str, set[str]] = defaultdict(set)
+    for i in instructions:
+        for operand in i.operands:
+            neighbours[i.name].add(operand)
+            neighbours[operand].add(i.name)
+    pending = list(kernel)
+    while pending:
+        for other in neighbours[pending.pop()]:
+            if other in unnamed and other not in kernel:
+                kernel.add(other)
+                pending.append(other)
+    return kernel
+
+
+def _classify(
+    program: Program, instruction: Instruction, operand_shapes: Sequence[str], in_kernel: bool = False
+) -> tuple[str, int, int] | None:
     """(kind, matrix FLOPs, bytes) of one execution of a top-level op, or None for ops that cost nothing
     here (names, boundaries, collectives, the second half of an async pair)."""
     opcode = instruction.opcode
@@ -128,7 +155,7 @@ def _classify(program: Program, instruction: Instruction, operand_shapes: Sequen
     if COLLECTIVE_LIKE.match(opcode) is not None:
         return None
     flops = _matrix_flops(program, instruction, operand_shapes)
-    if KERNEL_SCOPE in _op_name(instruction):
+    if in_kernel:
         return "kernel", flops, 0
     if opcode == "fusion":
         nbytes = fusion_bytes(program, instruction, operand_shapes)
@@ -137,20 +164,49 @@ def _classify(program: Program, instruction: Instruction, operand_shapes: Sequen
     return ("matmul" if flops else "memory"), flops, nbytes
 
 
+def _scatter_loops(program: Program, runs: Mapping[str, int | None]) -> tuple[dict[str, int], set[str]]:
+    """XLA's CPU compiler expands a scatter (an embedding's gradient) into a loop over its updates, each
+    trip rewriting the whole operand; a TPU scatters natively. Returns each such loop's bytes as one
+    scatter (indices and updates read, the rows they touch read and written: three times the updates,
+    plus the indices) by the loop's instruction name, and the computations the loops run (left out)."""
+    loops: dict[str, int] = {}
+    inside: set[str] = set()
+    for name in runs:
+        for instruction in program.instructions(name):
+            if instruction.opcode != "while" or "scatter" not in _op_name(instruction).rsplit("/", 1)[-1]:
+                continue
+            elements = sorted(shape_info(e)[2] for e in split_outside_brackets(instruction.shape.strip()[1:-1], ","))
+            # The loop carries (counter, operand, indices, updates): all but the counter and the operand.
+            loops[f"{name}/{instruction.name}"] = 3 * sum(elements[1:-1])
+            pending = [callee for _, callee in instruction.callees()]
+            while pending:
+                callee = pending.pop()
+                if callee not in inside:
+                    inside.add(callee)
+                    pending += [c for i in program.instructions(callee) for _, c in i.callees()]
+    return loops, inside
+
+
 def work_profile(module: Module) -> tuple[WorkBin, ...]:
     """Every top-level op of the step that runs a known number of times, binned (see the module doc).
     Ops of computations whose executions are unknown are left out, as in `step_work`."""
     program = Program(module)
     runs = program.executions_per_step()
     fused = _fused(program, runs)
+    scatters, expanded = _scatter_loops(program, runs)
     sums: dict[tuple[str, str, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
-        if not count or name in fused:
+        if not count or name in fused or name in expanded:
             continue
         shapes = program.shapes(name)
+        kernel = _kernel_ops(program.instructions(name))
         for instruction in program.instructions(name):
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
-            found = _classify(program, instruction, operand_shapes)
+            scatter = scatters.get(f"{name}/{instruction.name}")
+            if scatter is not None:
+                found: tuple[str, int, int] | None = ("memory", 0, scatter)
+            else:
+                found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
             if found is None:
                 continue
             kind, flops, nbytes = found
