@@ -222,3 +222,16 @@ def test_unnamed_ops_next_to_the_kernel_are_the_kernels():
     assert all(entry.bytes == 0 for entry in kernel)
     (memory,) = [entry for entry in bins if entry.kind == "memory"]
     assert memory.bytes == 3 * 128 * 64 * 4  # the named add is not the kernel's
+
+
+def test_a_loop_nested_in_a_loop_is_the_outer_loops_region():
+    def nested(x, ws):
+        def layer(c, w):
+            inner, _ = jax.lax.scan(lambda h, _: (jnp.tanh(h @ w), None), c, None, length=3)
+            return inner, None
+
+        return jax.lax.scan(layer, x, ws)[0].sum()
+
+    bins = profile_of(nested, jnp.ones((64, 64)), jnp.ones((5, 64, 64)))
+    (inner,) = [entry for entry in bins if entry.kind == "matmul"]
+    assert (inner.executions, inner.region) == (15, 5)

@@ -8,8 +8,10 @@ transfers) overlapped with the compute of the same loop body, as the TPU compile
 - Overlap: the TPU compiler runs collectives asynchronously and its latency-hiding scheduler moves their
   start away from their use, within the computation that holds them; a loop body's collectives are
   pipelined against the body's own compute. Ops and collective rows are grouped by region: how many times
-  they run per step (a layer loop's trips, a pipeline's iterations, once for the code outside loops), which
-  tells loop bodies apart without naming them (collective rows do not record their computation). The
+  the outermost loop body they run in runs per step (a layer loop's trips, a pipeline's iterations, once
+  for the code outside loops; a loop nested in a layer, as a windowed matmul's, is the layer's), which
+  tells loop bodies apart without naming them (a collective row, which records only its loop trips, goes
+  to the region of the ops that run as often as it does). The
   pass is not part of the region: a pipeline's permutes carry no pass in their metadata yet run in the
   loops whose compute hides them. Each region takes max(compute, transfers): the longer hides the other.
 - Host transfers (a remat policy's offload) go over the host link, asynchronously like collectives.
@@ -63,12 +65,16 @@ def expected_step(
     time (unpriced) add nothing, as in the bounds."""
     compute: dict[Region, float] = defaultdict(float)
     transfers: dict[Region, float] = defaultdict(float)
+    # A collective row records its loop trips, not its loop: it belongs to the region of the ops that run
+    # as often as it does.
+    region_of: dict[int | None, int] = {}
     for entry in work:
-        region = entry.executions
+        region = entry.region or entry.executions
+        region_of[entry.executions] = max(region_of.get(entry.executions, 0), region)
         compute[region] += bin_seconds(entry, hardware)
         transfers[region] += host_seconds(entry, hardware)
     for row, time in rows:
         if time.seconds is None:
             continue
-        transfers[row.loop_trips] += time.seconds
+        transfers[region_of.get(row.loop_trips, row.loop_trips)] += time.seconds
     return sum(max(compute[region], transfers[region]) for region in compute.keys() | transfers.keys())

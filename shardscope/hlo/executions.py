@@ -120,6 +120,10 @@ class Program:
                     runs.append((callee, 1))
         return runs
 
+    def calls(self, computation: str) -> list[tuple[str, int | None]]:
+        """(callee, runs per run of `computation`) of every computation it runs: a loop body its trips."""
+        return self._runs(computation)
+
     def executions_per_step(self) -> dict[str, int | None]:
         """Executions per step of every computation that runs, in the module's order (see the module doc)."""
         if self._executions is None:

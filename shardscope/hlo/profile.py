@@ -58,11 +58,15 @@ class WorkBin:
     ops: int  # op executions per step
     flops: int  # matrix-unit FLOPs per step
     bytes: int  # HBM (or host link) bytes per step
+    # Runs per step of the outermost loop body the ops are in (1 outside loops): a loop nested in a layer
+    # loop (a windowed matmul's) is part of the layer's step, which is what overlaps with its collectives.
+    region: int = 0  # 0: not recorded (read as `executions`)
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
-        """Sort key: kind, pass, executions, intensity (None first)."""
-        return (self.kind, self.pass_, self.executions, -(10**6) if self.intensity is None else self.intensity)
+    def key(self) -> tuple[str, str, int, int, int]:
+        """Sort key: kind, pass, executions, region, intensity (None first)."""
+        intensity = -(10**6) if self.intensity is None else self.intensity
+        return (self.kind, self.pass_, self.executions, self.region, intensity)
 
 
 def _intensity(flops: int, nbytes: int) -> int | None:
@@ -187,6 +191,24 @@ def _scatter_loops(program: Program, runs: Mapping[str, int | None]) -> tuple[di
     return loops, inside
 
 
+def _regions(program: Program, runs: Mapping[str, int | None]) -> dict[str, int]:
+    """Each computation's outermost enclosing loop body's executions per step (1 outside loops)."""
+    entry = program.module.entry
+    if entry is None:
+        return {}
+    region = {entry: 1}
+    pending = [entry]
+    while pending:
+        name = pending.pop()
+        for callee, per_call in program.calls(name):
+            if callee in region:
+                continue
+            loop = per_call is None or per_call > 1
+            region[callee] = (runs.get(callee) or 0) if loop and region[name] == 1 else region[name]
+            pending.append(callee)
+    return region
+
+
 def work_profile(module: Module) -> tuple[WorkBin, ...]:
     """Every top-level op of the step that runs a known number of times, binned (see the module doc).
     Ops of computations whose executions are unknown are left out, as in `step_work`."""
@@ -194,7 +216,8 @@ def work_profile(module: Module) -> tuple[WorkBin, ...]:
     runs = program.executions_per_step()
     fused = _fused(program, runs)
     scatters, expanded = _scatter_loops(program, runs)
-    sums: dict[tuple[str, str, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
+    regions = _regions(program, runs)
+    sums: dict[tuple[str, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
         if not count or name in fused or name in expanded:
             continue
@@ -211,10 +234,14 @@ def work_profile(module: Module) -> tuple[WorkBin, ...]:
                 continue
             kind, flops, nbytes = found
             op_name = _op_name(instruction)
-            key = (kind, pass_of(op_name) if op_name else "other", count, _intensity(flops, nbytes))
+            pass_ = pass_of(op_name) if op_name else "other"
+            key = (kind, pass_, count, regions.get(name, count), _intensity(flops, nbytes))
             total = sums[key]
             total[0] += count
             total[1] += count * flops
             total[2] += count * nbytes
-    bins = (WorkBin(k[0], k[1], k[2], k[3], ops, flops, nbytes) for k, (ops, flops, nbytes) in sums.items())
+    bins = (
+        WorkBin(kind, pass_, executions, intensity, ops, flops, nbytes, region)
+        for (kind, pass_, executions, region, intensity), (ops, flops, nbytes) in sums.items()
+    )
     return tuple(sorted(bins, key=lambda b: b.key))

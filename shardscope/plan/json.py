@@ -152,6 +152,7 @@ def work_to_json(entry: WorkBin) -> dict[str, Any]:
         "ops": entry.ops,
         "flops": entry.flops,
         "bytes": entry.bytes,
+        "region": entry.region,
     }
 
 
@@ -166,6 +167,7 @@ def work_from_json(data: dict[str, Any]) -> WorkBin:
         ops=int(data["ops"]),
         flops=int(data["flops"]),
         bytes=int(data["bytes"]),
+        region=int(data.get("region", 0)),
     )
 
 
