@@ -5,7 +5,9 @@ Two constants, the same for every generation: the fraction of peak FLOP/s the ma
 compiled step's matmuls (`mxu_efficiency`) and of peak HBM bandwidth its memory traffic reaches
 (`hbm_efficiency`). They are found by a grid search (steps of 0.01 in (0, 1]) minimising the mean squared
 log error of the expected step against the measured one; MoE runs and seed 003 are never used (they
-validate). Prints the fit, each fitted run's error at the fit, and the lines to put in hardware.yaml.
+validate). A third, `cpu_memory_bytes_factor`, is fitted to compiles rather than measurements: the TPU
+compile's bytes of ops without matrix work over the CPU compile's, on every run planned on both routes.
+Prints the fit, each fitted run's error at the fit, and the lines to put in hardware.yaml.
 
   python benchmarks/calibrate.py
 """
@@ -51,7 +53,30 @@ def loss(cases: list, mxu: float, hbm: float) -> float:
     return total / len(cases)
 
 
+def memory_bytes(plan) -> int:
+    return sum(entry.bytes for entry in plan.work if entry.kind == "memory")
+
+
+def cpu_memory_factor() -> tuple[float | None, list[tuple[str, float]]]:
+    """The geometric mean, over every run planned on both routes, of the TPU compile's bytes of ops without
+    matrix work over the CPU compile's: a fit to compiles (the TPU's is the truth), not to measurements."""
+    ratios = []
+    for run in published_runs.catalogue():
+        tpu, cpu = published_runs.plan_path(run, "tpu"), published_runs.plan_path(run, "cpu")
+        if tpu.exists() and cpu.exists():
+            ratio = memory_bytes(shardscope.load_plan(tpu)) / memory_bytes(shardscope.load_plan(cpu))
+            ratios.append((run["id"], ratio))
+    if not ratios:
+        return None, ratios
+    return math.exp(sum(math.log(r) for _, r in ratios) / len(ratios)), ratios
+
+
 def main() -> int:
+    factor, ratios = cpu_memory_factor()
+    if factor is not None:
+        print(f"cpu_memory_bytes_factor {factor:.2f}: geometric mean over {len(ratios)} runs planned on both routes")
+        for run_id, ratio in ratios:
+            print(f"  {run_id:32s} TPU / CPU bytes of ops without matrix work {ratio:.2f}")
     cases = fitted_cases()
     if not cases:
         print("no dense run has a stored TPU-route plan: run published_runs.py --plan first", file=sys.stderr)
@@ -65,6 +90,8 @@ def main() -> int:
         print(f"  {run_id:32s} measured {measured:7.3f} s  expected {expected:7.3f} s  {expected / measured - 1:+.1%}")
     print("hardware.yaml:\ncalibration:")
     print(f"  mxu_efficiency: {mxu:.2f}\n  hbm_efficiency: {hbm:.2f}")
+    if factor is not None:
+        print(f"  cpu_memory_bytes_factor: {factor:.2f}")
     return 0
 
 

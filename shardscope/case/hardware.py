@@ -67,6 +67,9 @@ class Hardware:
     # units reach on a compiled step's matmuls, and of peak bandwidth its HBM traffic reaches.
     mxu_efficiency: float = 1.0
     hbm_efficiency: float = 1.0
+    # A CPU compile's bytes of ops without matrix work, as the TPU's compile of the same step touches them
+    # (fitted to compiles of both; `shardscope.cost.step.bin_seconds`).
+    cpu_memory_bytes_factor: float = 1.0
 
     @property
     def host_bandwidth_per_device(self) -> float | None:
@@ -199,12 +202,13 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any, calibration: dict
         efficiency=float(efficiency),
         mxu_efficiency=fitted["mxu_efficiency"],
         hbm_efficiency=fitted["hbm_efficiency"],
+        cpu_memory_bytes_factor=fitted["cpu_memory_bytes_factor"],
         **values,
     )
 
 
 # The table's `calibration` block: constants fitted to published runs (each a fraction of a peak figure).
-CALIBRATED = ("mxu_efficiency", "hbm_efficiency")
+CALIBRATED = ("mxu_efficiency", "hbm_efficiency", "cpu_memory_bytes_factor")
 
 
 def _fraction(key: str, value: Any) -> float:

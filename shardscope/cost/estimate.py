@@ -92,6 +92,7 @@ def estimate_plan(
     exact_memory: bool = True,
     work: Sequence[WorkBin] = (),
     route: str = "",
+    cpu_program: bool = False,
 ) -> Estimate:
     """Prices a plan on `hardware` laid out as `layout`.
 
@@ -106,6 +107,7 @@ def estimate_plan(
       work: the plan's work profile: with it, compute is priced op by op and `expected` overlaps per loop
         body; without it, the whole-step roofline stands in.
       route: which compile the figures come from, for every label that prints them.
+      cpu_program: the plan is a CPU compile's (its ops' bytes are priced as a TPU's would be).
 
     Raises:
       HardwareError: the layout is for another generation or mesh, or efficiency is not in (0, 1].
@@ -124,9 +126,9 @@ def estimate_plan(
     by_axes, by_op, by_pass = _totals(pairs)
     compute = compute_time(hardware, flops, bytes_accessed)
     communication = sum(t.seconds for _, t in pairs if t.seconds is not None)
-    expected, method = _expected(compute, communication, work, pairs, hardware)
+    expected, method = _expected(compute, communication, work, pairs, hardware, cpu_program)
     if work:
-        compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware))
+        compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware, cpu_program))
     return Estimate(
         hardware=hardware.name,
         slice_shape=layout.slice_shape,
@@ -156,9 +158,10 @@ def _expected(
     work: Sequence[WorkBin],
     pairs: Sequence[tuple[CollectiveRow, RowTime]],
     hardware: Hardware,
+    cpu_program: bool,
 ) -> tuple[float | None, str | None]:
     if work:
-        return expected_step(work, pairs, hardware), PER_OP
+        return expected_step(work, pairs, hardware, cpu_program), PER_OP
     if compute.flops is None:
         return None, None
     calibrated = max(compute.flops_seconds / hardware.mxu_efficiency, compute.memory_seconds / hardware.hbm_efficiency)

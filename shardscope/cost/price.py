@@ -105,6 +105,7 @@ def estimate_of(plan: Plan, target: Target, efficiency: float | None = None) -> 
         exact_memory=own is not None and own[0] == target.hardware.name,
         work=plan.work,
         route=route_of(plan.case.topology, target.hardware.name),
+        cpu_program=own is None,
     )
 
 

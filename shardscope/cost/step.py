@@ -33,14 +33,20 @@ from shardscope.plan.records import CollectiveRow
 Region = int | None  # executions per step (None: a collective row whose loop trips are unknown)
 
 
-def bin_seconds(entry: WorkBin, hardware: Hardware) -> float:
-    """Device time of one bin's ops (host transfers excluded: they are transfers, see `host_seconds`)."""
+def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False) -> float:
+    """Device time of one bin's ops (host transfers excluded: they are transfers, see `host_seconds`).
+
+    `cpu_program`: the ops are a CPU compile's, priced as the TPU would run them: XLA's CPU compiler fuses
+    less than the TPU's and runs a bfloat16 program's elementwise work in float32, so ops without matrix
+    work touch more bytes there; they count at the table's `cpu_memory_bytes_factor` (fitted to TPU
+    compiles of the same cases by benchmarks/calibrate.py)."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
     if entry.kind == "kernel":
         return entry.flops / flops_rate
     if entry.kind == "host":
         return 0.0
-    return max(entry.flops / flops_rate, entry.bytes / (hardware.hbm_bandwidth_per_device * hardware.hbm_efficiency))
+    nbytes = entry.bytes * (hardware.cpu_memory_bytes_factor if cpu_program and entry.kind == "memory" else 1.0)
+    return max(entry.flops / flops_rate, nbytes / (hardware.hbm_bandwidth_per_device * hardware.hbm_efficiency))
 
 
 def host_seconds(entry: WorkBin, hardware: Hardware) -> float:
@@ -51,15 +57,16 @@ def host_seconds(entry: WorkBin, hardware: Hardware) -> float:
     return entry.bytes / bandwidth
 
 
-def per_op_compute(work: Iterable[WorkBin], hardware: Hardware) -> float:
+def per_op_compute(work: Iterable[WorkBin], hardware: Hardware, cpu_program: bool = False) -> float:
     """The step's compute time, op by op."""
-    return sum(bin_seconds(entry, hardware) for entry in work)
+    return sum(bin_seconds(entry, hardware, cpu_program) for entry in work)
 
 
 def expected_step(
     work: Sequence[WorkBin],
     rows: Iterable[tuple[CollectiveRow, RowTime]],
     hardware: Hardware,
+    cpu_program: bool = False,
 ) -> float:
     """Σ over regions of max(compute, collectives + host transfers) (see the module doc). Rows without a
     time (unpriced) add nothing, as in the bounds."""
@@ -71,7 +78,7 @@ def expected_step(
     for entry in work:
         region = entry.region or entry.executions
         region_of[entry.executions] = max(region_of.get(entry.executions, 0), region)
-        compute[region] += bin_seconds(entry, hardware)
+        compute[region] += bin_seconds(entry, hardware, cpu_program)
         transfers[region] += host_seconds(entry, hardware)
     for row, time in rows:
         if time.seconds is None:

@@ -98,15 +98,19 @@ def _time_cards(diff: PlanDiff) -> list[dict[str, str]]:
     before, after = diff.cost_before, diff.cost_after
     if before is None or after is None:
         return []
+    if any(not e.rows and e.compute.flops is None for e in (before, after)):
+        return []  # a tensors-only plan has no time to compare (the cost section says so)
+    where = target_label(after)
     if before.expected is not None and after.expected is not None:
-        label, old, new = f"Step time, expected ({route_label(after)})", before.expected, after.expected
+        label = f"Expected step on {where} ({route_label(after)})"
+        old, new = before.expected, after.expected
     elif before.compute.flops is not None and after.compute.flops is not None:
-        label, old, new = "Step time, not overlapped", before.step_no_overlap, after.step_no_overlap
+        label, old, new = f"Step time, not overlapped ({where})", before.step_no_overlap, after.step_no_overlap
     else:
-        label, old, new = "Communication time / step", before.communication, after.communication
+        label, old, new = f"Communication time / step ({where})", before.communication, after.communication
     return [
         {
-            "label": f"{label} ({target_label(after)})",
+            "label": label,
             "before": human_seconds(old),
             "after": human_seconds(new),
             "delta": seconds_delta(old, new),
