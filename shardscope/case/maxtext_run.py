@@ -307,8 +307,6 @@ _MODEL_KEYS: dict[str, Any] = {
     "capacity_factor": _capacity,
     "remat_policy": _remat,
     "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
-    # The splash kernel's query block: the stand-in's block rows (which blocks above the diagonal it skips).
-    "sa_block_q": lambda v: {"model.attention_block": str(v)} if v > 0 else None,
     "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
     "shard_mode": lambda v: {"shard_mode": v},
     "num_pipeline_repeats": lambda v: {} if v in (-1, 1) else None,
