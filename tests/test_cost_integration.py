@@ -40,6 +40,7 @@ def independent(plan, generation: str, slice_shape=None):
         bytes_accessed=compute.get("bytes_accessed"),
         work=plan.work,
         route=route_of(plan.case.topology, hardware.name),
+        cpu_program=plan.case.topology.startswith("cpu"),
     )
 
 
