@@ -34,7 +34,7 @@ from shardscope.hlo.executions import Program
 from shardscope.hlo.metadata import pass_of, split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import shape_info
-from shardscope.hlo.work import NO_ACCESS, fusion_bytes, instruction_bytes, instruction_flops
+from shardscope.hlo.work import NO_ACCESS, fused_computations, fusion_bytes, instruction_bytes, instruction_flops
 
 __all__ = ["KERNEL_SCOPE", "KINDS", "WorkBin", "work_profile"]
 
@@ -112,15 +112,6 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
             if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
                 total += _matrix_flops(program, inner, [shapes.get(o, "") for o in inner.operands])
     return total
-
-
-def _fused(program: Program, runs: Mapping[str, int | None]) -> set[str]:
-    fused: set[str] = set()
-    for name in runs:
-        for instruction in program.instructions(name):
-            if instruction.opcode == "fusion":
-                fused.update(callee for attribute, callee in instruction.callees() if attribute == "calls")
-    return fused
 
 
 def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
@@ -214,7 +205,7 @@ def work_profile(module: Module) -> tuple[WorkBin, ...]:
     Ops of computations whose executions are unknown are left out, as in `step_work`."""
     program = Program(module)
     runs = program.executions_per_step()
-    fused = _fused(program, runs)
+    fused = fused_computations(program, runs)
     scatters, expanded = _scatter_loops(program, runs)
     regions = _regions(program, runs)
     sums: dict[tuple[str, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])

@@ -140,7 +140,7 @@ def started_op(instruction: Instruction) -> tuple[str, str]:
     return base, async_start_output(instruction.shape, base)
 
 
-def _fused(program: Program, runs: Mapping[str, int | None]) -> set[str]:
+def fused_computations(program: Program, runs: Mapping[str, int | None]) -> set[str]:
     """Computations that run inside a fusion (their bytes are the fusion's)."""
     fused: set[str] = set()
     for name in runs:
@@ -209,7 +209,7 @@ def step_work(module: Module) -> StepWork:
     """FLOPs and bytes accessed per step by one device running `module` (see the module docstring)."""
     program = Program(module)
     runs = program.executions_per_step()
-    fused = _fused(program, runs)
+    fused = fused_computations(program, runs)
     flops = 0
     matmul = 0
     accessed = 0
