@@ -22,6 +22,7 @@ COMMANDS = (
     "advise",
     "compare",
     "lint",
+    "why",
     "maxtext",  # import-maxtext
     "table",
 )

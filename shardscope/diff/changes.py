@@ -80,6 +80,45 @@ class Change:
         return tuple(d for d in self.details if isinstance(d, FieldChange))
 
 
+MESH = "mesh"  # the `logical` of the group of collective changes the mesh's resizing explains
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    """A change of where one logical axis is placed, and the collective changes it explains.
+
+    Attributes:
+      logical: the logical axis name (MESH for changes explained only by the mesh changing).
+      before, after: the mesh axes that dimension was on in the old and the new plan (() = replicated).
+      tensors: the tensors of the collectives' causes whose dimension moved.
+      collectives: the subjects of the collective changes it explains, in diff order.
+      traffic_delta: bytes per device per step those changes add (negative: remove).
+    """
+
+    logical: str
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    tensors: tuple[str, ...]
+    collectives: tuple[str, ...]
+    traffic_delta: int
+
+    @property
+    def move(self) -> str:
+        """ "fsdp → replicated": where the dimension was and where it is ("" for the mesh's group)."""
+        if self.logical == MESH:
+            return ""
+
+        def side(axes: tuple[str, ...]) -> str:
+            return "+".join(axes) if axes else "replicated"
+
+        return f"{side(self.before)} → {side(self.after)}"
+
+    @property
+    def title(self) -> str:
+        """`embed_moe`: fsdp → replicated."""
+        return "the mesh changed" if self.logical == MESH else f"`{self.logical}`: {self.move}"
+
+
 @dataclass(frozen=True)
 class PlanDiff:
     """Everything a report needs: the changes, and the totals of both sides for the headline."""
@@ -105,6 +144,10 @@ class PlanDiff:
     # never part of the verdict: an estimate is derived from what is compared above.
     cost_before: Estimate | None = None
     cost_after: Estimate | None = None
+    # The collective changes linked to the rule changes that caused them (`shardscope.diff.causes`), and
+    # the subjects of those no rule change explains (the compiler's choices); shown, never compared.
+    rule_changes: tuple[RuleChange, ...] = field(default=())
+    compilers_choices: tuple[str, ...] = field(default=())
 
     @property
     def same(self) -> bool:

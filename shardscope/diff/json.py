@@ -118,4 +118,16 @@ def diff_to_json(diff: PlanDiff) -> dict[str, Any]:
         "unchanged_tensors": len(diff.unchanged_tensors),
         "unchanged_collectives": len(diff.unchanged_collectives),
         "unchanged_findings": len(diff.unchanged_findings),
+        "rule_changes": [
+            {
+                "logical": r.logical,
+                "before": list(r.before),
+                "after": list(r.after),
+                "tensors": list(r.tensors),
+                "collectives": list(r.collectives),
+                "traffic_delta": r.traffic_delta,
+            }
+            for r in diff.rule_changes
+        ],
+        "compilers_choices": list(diff.compilers_choices),
     }

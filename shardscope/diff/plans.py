@@ -17,6 +17,7 @@ from deepdiff import DeepDiff
 from shardscope.case.lints import COMPILE, LINTS
 from shardscope.case.rules import entry_axes
 from shardscope.case.topology import mesh_label
+from shardscope.diff.causes import explain_collective_changes, merged_cause
 from shardscope.diff.changes import (
     DEFAULT_TEMP_TOLERANCE,
     TOLERANT_COMPUTE_FIELDS,
@@ -33,7 +34,7 @@ from shardscope.diff.json import case_dict, jsonable
 from shardscope.diff.pricing import price_pair
 from shardscope.plan.document import Plan
 from shardscope.plan.findings import Finding, sort_findings
-from shardscope.plan.json import finding_to_json, tensor_to_json
+from shardscope.plan.json import cause_to_json, finding_to_json, tensor_to_json
 from shardscope.plan.records import PASSES, CollectiveRow, TensorRecord, axes_label
 from shardscope.plan.totals import bytes_by_kind, traffic_totals
 
@@ -141,6 +142,7 @@ def collective_dict(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> dict[s
         "shift": shift,
     }
     data.update(_stats(rows))
+    data["cause"] = merged_cause([cause_to_json(r.cause) if r.cause else None for r in rows])
     return data
 
 
@@ -290,6 +292,11 @@ def _diff_compute(old: Plan, new: Plan, tolerance: float) -> tuple[list[Change],
     )
 
 
+def _sized(mesh: Sequence[tuple[str, int]]) -> dict[str, int]:
+    # Axes of size 1 shard nothing: two meshes that differ only in those place every tensor alike.
+    return {axis: size for axis, size in mesh if size > 1}
+
+
 def diff_plans(
     old: Plan,
     new: Plan,
@@ -335,6 +342,9 @@ def diff_plans(
     collective_changes, unchanged_collectives = _diff_collectives(old, new) if compare_collectives else ([], ())
     kept_rows = (old.collectives, new.collectives) if compare_collectives else ((), ())
     finding_changes, unchanged_findings = _diff_findings(old, new, compare_collectives)
+    rule_changes, compilers_choices = explain_collective_changes(
+        tensor_changes + collective_changes, mesh_changed=_sized(old.case.mesh) != _sized(new.case.mesh)
+    )
     return PlanDiff(
         old_case=old.case,
         new_case=new.case,
@@ -356,4 +366,6 @@ def diff_plans(
         unchanged_findings=unchanged_findings,
         cost_before=cost_before,
         cost_after=cost_after,
+        rule_changes=rule_changes,
+        compilers_choices=compilers_choices,
     )

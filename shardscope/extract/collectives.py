@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from shardscope.case.rules import Rule
 from shardscope.case.topology import parse_mesh_arg
 from shardscope.errors import MeshError, ShardscopeError
+from shardscope.extract.causes import collective_cause
 from shardscope.hlo.collectives import HloCollectives, check_mesh, collectives_of
 from shardscope.hlo.groups import MeshLayout
 from shardscope.hlo.module import HloParseError, read_module
 from shardscope.hlo.records import Module
-from shardscope.plan.records import CollectiveRow
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
 
 
-def collective_rows(parsed: HloCollectives) -> tuple[CollectiveRow, ...]:
-    """The plan rows of a parsed module, in the parser's deterministic order."""
+def collective_rows(parsed: HloCollectives, causes: Sequence[Cause | None] | None = None) -> tuple[CollectiveRow, ...]:
+    """The plan rows of a parsed module, in the parser's deterministic order (with `causes`, one a row)."""
+    causes = causes if causes is not None else [None] * len(parsed.collectives)
     return tuple(
         CollectiveRow(
             op=c.op,
@@ -30,19 +33,26 @@ def collective_rows(parsed: HloCollectives) -> tuple[CollectiveRow, ...]:
             groups=c.groups,
             shift=c.shift,
             tpu_bytes=c.tpu_bytes,
+            cause=cause,
         )
-        for c in parsed.collectives
+        for c, cause in zip(parsed.collectives, causes, strict=True)
     )
 
 
 def extract_collectives(
-    hlo: str | Module, mesh: Sequence[tuple[str, int]], narrow: bool = False
+    hlo: str | Module,
+    mesh: Sequence[tuple[str, int]],
+    narrow: bool = False,
+    explain: tuple[Mapping[str, TensorRecord], Sequence[Rule]] | None = None,
 ) -> tuple[CollectiveRow, ...]:
     """Collective rows of a compiled module (its text, or the module read from it), in the case's mesh axes;
-    `narrow` (a CPU program): with the bytes a TPU would move (`tpu_bytes`)."""
+    `narrow` (a CPU program): with the bytes a TPU would move (`tpu_bytes`); `explain` (the plan's tensors
+    and the preset's rules): with each row's cause."""
     layout = MeshLayout(axis_names=tuple(a for a, _ in mesh), axis_sizes=tuple(s for _, s in mesh))
     module = hlo if isinstance(hlo, Module) else read_module(hlo)
-    return collective_rows(collectives_of(module, layout, narrow))
+    parsed = collectives_of(module, layout, narrow, trace=explain is not None)
+    causes = collective_cause(parsed.collectives, *explain) if explain is not None else None
+    return collective_rows(parsed, causes)
 
 
 def module_layout(text: str, num_devices: int | None) -> MeshLayout:

@@ -85,11 +85,15 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     """The plan of a compiled step, given the text of its compiled HLO module."""
     case = step.case
     module = read_module(hlo_text)
+    tensors = step_tensors(step, step.compiled.out_info)  # built afresh on every access: read once
+    explain = (dict(tensors), case.preset.logical_axis_rules)
     return Plan(
         case=case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
-        tensors=step_tensors(step, step.compiled.out_info),  # built afresh on every access: read once
-        collectives=extract_collectives(module, slice_mesh(case), narrow=case.topology.platform == "cpu"),
+        tensors=tensors,
+        collectives=extract_collectives(
+            module, slice_mesh(case), narrow=case.topology.platform == "cpu", explain=explain
+        ),
         memory=_memory(step.compiled),
         schema=SCHEMA,
         compute=compute_of(module),

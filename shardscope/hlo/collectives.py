@@ -14,17 +14,22 @@ Conventions of each row (`Collective`):
           Every branch of a conditional is counted, as if it always ran.
   tpu_bytes  (only when asked, for a CPU program) `bytes` with the float32 values of bfloat16 precision
           counted in bfloat16, as a TPU moves them (`shardscope.hlo.narrowing`); None when none narrow.
+  origins, consumer, line  (only when asked) what the row's instructions move (`shardscope.hlo.origins`),
+          the op_name of its first instruction (the op that needs the moved value in the other layout: the
+          partitioner names a collective after the op it reshards for) and that op's source (file, line).
+          They describe a row and never split one.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from shardscope.errors import MeshError
 from shardscope.hlo.callgraph import expand_calls
+from shardscope.hlo.frames import source_frames
 from shardscope.hlo.groups import (
     MeshLayout,
     format_groups,
@@ -37,6 +42,7 @@ from shardscope.hlo.metadata import module_path, pass_of
 from shardscope.hlo.module import gc_paused, read_module
 from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.notices import module_notices
+from shardscope.hlo.origins import Origin, Origins, op_name_of
 from shardscope.hlo.records import COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info
 from shardscope.hlo.trips import LoopTrips
@@ -79,11 +85,14 @@ class Collective:
     pass_: str
     source: str
     tpu_bytes: int | None = None
+    origins: tuple[Origin, ...] = field(default=(), compare=False)
+    consumer: str = field(default="", compare=False)
+    line: tuple[str, int] | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict in field order; `pass_` is emitted as "pass", tuples as lists; `tpu_bytes`
         only when set."""
-        out = {f.name.rstrip("_"): getattr(self, f.name) for f in fields(self)}
+        out = {f.name.rstrip("_"): getattr(self, f.name) for f in fields(self) if f.compare}
         if self.tpu_bytes is None:
             del out["tpu_bytes"]
         return {**out, "axes": None if self.axes is None else list(self.axes), "shape": list(self.shape)}
@@ -178,11 +187,16 @@ def _base(opcode: str) -> str:
     return opcode.rsplit("-", 1)[0] if opcode.endswith(("-start", "-done")) else opcode
 
 
-def collectives_of(module: Module, mesh: MeshLayout | None = None, narrow: bool = False) -> HloCollectives:
+def collectives_of(
+    module: Module, mesh: MeshLayout | None = None, narrow: bool = False, trace: bool = False
+) -> HloCollectives:
     """The collectives of a read module (see `parse_collectives`); `narrow`: also each row's `tpu_bytes`
-    (for a CPU program priced as a TPU)."""
+    (for a CPU program priced as a TPU); `trace`: also each row's origins, consumer and line."""
     rows = _Rows(mesh, module.num_devices)
     narrowing = Narrowing(module) if narrow else None
+    origins = Origins(module) if trace else None
+    frames = source_frames(module.text) if trace else None
+    traced: list[tuple[tuple[Origin, ...], str, tuple[str, int] | None]] = []
     raws: list[Collective] = []
     sizes: list[int] = []
     per_computation: dict[str, list[int]] = {}
@@ -207,6 +221,9 @@ def collectives_of(module: Module, mesh: MeshLayout | None = None, narrow: bool 
                 moved = narrowing.tpu_bytes(comp.name, instruction) if narrowing is not None else None
                 if moved is not None:  # scaled like `bytes` (a reduce-scatter reports its operand)
                     row = replace(row, tpu_bytes=row.bytes * moved // max(shape_info(instruction.shape)[2], 1))
+                if origins is not None and frames is not None:
+                    line = frames.line_of(instruction.attribute("metadata"))
+                    traced.append((origins.of(comp.name, instruction), op_name_of(instruction), line))
                 mine.append(len(raws))
                 if opcode != base:
                     starts[instruction.name] = len(raws)
@@ -216,9 +233,17 @@ def collectives_of(module: Module, mesh: MeshLayout | None = None, narrow: bool 
                 unknown.append((opcode, instruction.offset))
     counted = expand_calls(module, per_computation, LoopTrips(module))
     totals: Counter[tuple[Collective, int | None]] = Counter()
+    members: dict[tuple[Collective, int | None], list[int]] = {}
     for (r, trips), n in counted.items():
         totals[(raws[r], trips)] += n
-    collectives = sorted((replace(row, count=n, loop_trips=trips) for (row, trips), n in totals.items()), key=_sort_key)
+        members.setdefault((raws[r], trips), []).append(r)
+    collectives = sorted(
+        (
+            replace(row, count=n, loop_trips=trips, **_traced(traced, members[(row, trips)]))
+            for (row, trips), n in totals.items()
+        ),
+        key=_sort_key,
+    )
     return HloCollectives(
         tuple(collectives),
         tuple(UnknownOp(op, line) for op, line in _lines(module.text, unknown)),
@@ -226,6 +251,16 @@ def collectives_of(module: Module, mesh: MeshLayout | None = None, narrow: bool 
         module.num_devices,
         rows.highest,
     )
+
+
+def _traced(traced: list[tuple[tuple[Origin, ...], str, tuple[str, int] | None]], members: list[int]) -> dict[str, Any]:
+    """A row's origins (of all its instructions, in instruction order), consumer and line (its first
+    instruction's); nothing when the module was not traced."""
+    if not traced:
+        return {}
+    first = min(members)
+    moved = dict.fromkeys(origin for r in sorted(members) for origin in traced[r][0])
+    return {"origins": tuple(moved), "consumer": traced[first][1], "line": traced[first][2]}
 
 
 def parse_collectives(hlo_text: str | bytes, mesh: MeshLayout | None = None) -> HloCollectives:

@@ -68,6 +68,12 @@ def _alternatives(op_name: str) -> list[str]:
     return out
 
 
+def primitive_of(op_name: str) -> str:
+    """The jax primitive an op_name ends in (of the first op, for names XLA merged from several)."""
+    names = _alternatives(op_name) if op_name else []
+    return split_outside_brackets(names[0], "/")[-1] if names else ""
+
+
 def module_path(op_name: str) -> str:
     """The Flax module path in an op_name, e.g. "decoder/layers/moe".
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # The groupings `table --by` and the reports know, and the collectives column each one groups by.
 GROUPINGS = {"axis": "axes", "op": "op", "pass": "pass", "source": "source", "dtype": "dtype"}
+GROUPINGS |= {"rule": "rules", "tensor": "moves"}  # from each row's cause
 
 
 def _spec_text(spec: Sequence[Any]) -> str:
@@ -51,7 +52,9 @@ def collectives_frame(
     plan: Plan | Sequence[CollectiveRow], times: Sequence[float | None] | None = None
 ) -> pd.DataFrame:
     """One row per collective row: op, axes, pass, source, dtype, shape, bytes, count, loop trips, traffic
-    (bytes × count × trips per device per step; NaN when a trip count is unknown) and, when `times` is
+    (bytes × count × trips per device per step; NaN when a trip count is unknown), its cause (`moves`: the
+    tensors it moves; `needed_by`: the op it reshards for; `line`: that op's model line; `rules`: the rules
+    behind its axes or "compiler's choice"; all None in a plan without causes) and, when `times` is
     given (a cost estimate's per-row seconds, in the same order) or the plan carries an estimate, the
     estimated time per step (`time_s`; NaN for a row the cost model could not price)."""
     import pandas as pd  # lazy: pandas loads on first use
@@ -72,10 +75,15 @@ def collectives_frame(
             "loop_trips": r.loop_trips,
             "traffic": r.traffic,
             "moves_data": r.axes != (),
+            "moves": ", ".join(r.cause.tensors) if r.cause else None,
+            "needed_by": r.cause.consumer if r.cause else None,
+            "line": r.cause.line if r.cause else None,
+            "rules": r.cause.rules_text if r.cause else None,
         }
         for r in rows
     ]
     columns = ["op", "axes", "pass", "source", "dtype", "shape", "bytes", "count", "loop_trips", "traffic"]
+    columns += ["moves", "needed_by", "line", "rules"]
     frame = pd.DataFrame(data, columns=[*columns, "moves_data"])
     frame["traffic"] = frame["traffic"].astype("float64")
     frame["moves_data"] = frame["moves_data"].astype(bool)  # an empty object column would select columns

@@ -22,7 +22,9 @@ from shardscope.plan.records import (
     SCHEMA_FAMILY,
     SCHEMA_VERSION,
     CaseRecord,
+    Cause,
     CollectiveRow,
+    RuleCause,
     TensorRecord,
 )
 
@@ -85,7 +87,34 @@ def collective_to_json(row: CollectiveRow) -> dict[str, Any]:
         data["shift"] = row.shift
     if row.tpu_bytes is not None:
         data["tpu_bytes"] = row.tpu_bytes
+    if row.cause is not None:
+        data["cause"] = cause_to_json(row.cause)
     return data
+
+
+def cause_to_json(cause: Cause) -> dict[str, Any]:
+    """A collective's cause as the plan JSON spells it."""
+    return {
+        "tensors": list(cause.tensors),
+        "consumer": cause.consumer,
+        "line": cause.line,
+        "rules": [
+            {"logical": r.logical, "axes": list(r.axes), "rule": r.rule, "tensor": r.tensor} for r in cause.rules
+        ],
+    }
+
+
+def cause_from_json(c: Any) -> Cause:
+    """Reads a collective's `cause` (KeyError/TypeError/ValueError when it is not one)."""
+    return Cause(
+        tensors=tuple(str(t) for t in c["tensors"]),
+        consumer=str(c["consumer"]),
+        line=None if c["line"] is None else str(c["line"]),
+        rules=tuple(
+            RuleCause(str(r["logical"]), tuple(str(a) for a in r["axes"]), int(r["rule"]), str(r["tensor"]))
+            for r in c["rules"]
+        ),
+    )
 
 
 def collective_from_json(c: Any) -> CollectiveRow:
@@ -103,6 +132,7 @@ def collective_from_json(c: Any) -> CollectiveRow:
         groups=c.get("groups"),
         shift=c.get("shift"),
         tpu_bytes=None if c.get("tpu_bytes") is None else int(c["tpu_bytes"]),
+        cause=None if c.get("cause") is None else cause_from_json(c["cause"]),
     )
 
 

@@ -41,6 +41,51 @@ class TensorRecord:
 
 
 @dataclass(frozen=True)
+class RuleCause:
+    """A rule that put a dimension of a tensor on (some of) a collective's mesh axes."""
+
+    logical: str  # the logical axis name of the dimension, as the rule names it
+    axes: tuple[str, ...]  # the mesh axes the rule gave that dimension
+    rule: int  # the rule's index in the preset's logical_axis_rules (as `explain` numbers them)
+    tensor: str  # the plan tensor whose dimension it is
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a collective runs: what it moves, the op that needs it in the other layout, and the rules that put
+    the moved (or summed) dimensions on its mesh axes.
+
+    `tensors` are plan tensor paths (`params/...`, `activations/...`, `inputs/...`), `grads/<param path>` for
+    a parameter's gradient, or `ops/<module>/<primitive>` for the result of an op that is no plan tensor.
+    No rules means the compiler chose the layout (propagation): no rule puts a dimension of the moved
+    tensor, nor of what it is computed from, on the collective's axes.
+    """
+
+    tensors: tuple[str, ...]
+    consumer: str  # "<module path>/<primitive>" of the op the collective reshards for
+    line: str | None  # "reference_models/layers.py:68": the model line that made that op
+    rules: tuple[RuleCause, ...] = ()
+
+    @property
+    def compilers_choice(self) -> bool:
+        """No rule explains the collective: the compiler chose the layout it reshards from or to."""
+        return not self.rules
+
+    @property
+    def rules_text(self) -> str:
+        """`embed_moe → fsdp; mlp → tensor`, or "compiler's choice"."""
+        return "; ".join(rule_text(r) for r in self.rules) or COMPILERS_CHOICE
+
+
+COMPILERS_CHOICE = "compiler's choice"
+
+
+def rule_text(rule: RuleCause) -> str:
+    """`embed_moe → fsdp` (several axes joined by "+")."""
+    return f"{rule.logical} → {'+'.join(rule.axes)}"
+
+
+@dataclass(frozen=True)
 class CollectiveRow:
     """One distinct collective of the compiled step; total traffic = bytes × count × loop_trips."""
 
@@ -58,6 +103,8 @@ class CollectiveRow:
     # A CPU program's row: `bytes` with its float32 values of bfloat16 precision in bfloat16, as a TPU moves
     # them (what pricing a CPU plan as a TPU uses); None when nothing narrows, and in TPU plans.
     tpu_bytes: int | None = None
+    # Why it runs (`shardscope.extract.causes`); None in plans made before causes, imports and bare HLO.
+    cause: Cause | None = None
 
     @property
     def traffic(self) -> int | None:

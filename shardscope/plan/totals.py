@@ -53,3 +53,15 @@ def bytes_by_kind(plan: Plan) -> tuple[tuple[str, int, int], ...]:
     frame = tensors_frame(plan)
     grouped = frame.groupby("kind", sort=True)["bytes_per_device"].agg(["size", "sum"])
     return tuple((str(kind), int(row["size"]), int(row["sum"])) for kind, row in grouped.iterrows())
+
+
+def traffic_by_rule(rows: Iterable[CollectiveRow]) -> tuple[tuple[str, int], ...]:
+    """Traffic per cause, largest first: each row counted under its rules as one label (`embed → fsdp`,
+    `activation_batch → data+fsdp; …`) or "compiler's choice"; () when no row records a cause."""
+    sums: dict[str, int] = {}
+    for row in rows:
+        if row.cause is None or row.axes == () or row.traffic is None:
+            continue
+        label = row.cause.rules_text
+        sums[label] = sums.get(label, 0) + row.traffic
+    return tuple(sorted(sums.items(), key=lambda item: (-item[1], item[0])))

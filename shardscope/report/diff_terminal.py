@@ -22,6 +22,7 @@ from shardscope.plan.units import human_bytes, human_seconds, signed_seconds
 from shardscope.report.estimate_text import cost_headline, cost_rows, memory_headline, target_label
 from shardscope.report.findings import finding_changes_table
 from shardscope.report.layout import FitToWidth, column_widths, elide_middle, spec_text
+from shardscope.report.rule_changes import explained_groups
 
 # One headline line: a name and its value on each side (None where that side lacks it).
 HeadlineRow = tuple[str, int | None, int | None]
@@ -372,6 +373,18 @@ def diff_renderable(diff: PlanDiff) -> Group:
     collectives = diff.of_kind(*COLLECTIVE_CHANGE_KINDS)
     if collectives:
         parts += [Text(""), FitToWidth(lambda width: _collective_table(collectives, width))]
+    explained = explained_groups(diff)
+    if explained:
+        parts += [Text(""), Text("Why the collectives changed", "bold")]
+        for group in explained:
+            parts.append(Text.assemble((group.title, "bold" if group.is_rule else "yellow"), f"  {group.traffic}"))
+            if group.placed:
+                parts.append(Text(f"  {group.placed}", "dim"))
+            style = {"−": "red", "+": "green", "~": "yellow"}
+            parts += [
+                Text.assemble(("  " + mark, style[mark]), f" {subject}  ", (delta, "bold"))
+                for mark, subject, delta in group.rows
+            ]
     findings = diff.of_kind(*FINDING_CHANGE_KINDS)
     if findings:
         parts += [Text(""), finding_changes_table(findings)]

@@ -46,6 +46,7 @@ from shardscope.report.diff_terminal import (
 from shardscope.report.estimate_text import cost_rows, memory_source_label, route_label, target_label
 from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
 from shardscope.report.layout import spec_text
+from shardscope.report.rule_changes import explained_groups
 from shardscope.report.svg import paired_bars, stacked_against_capacity
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -222,6 +223,30 @@ def _collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
     return rows
 
 
+def _collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str, Any]]:
+    """The collective changes grouped under the rule changes that caused them, then the compiler's choices
+    (one group of every change when the plans record no causes)."""
+    groups = explained_groups(diff)
+    if not groups:
+        return [
+            {"title": "", "logical": "", "move": "", "traffic": "", "placed": "", "is_rule": False}
+            | {"rows": _collective_rows(changes)}
+        ]
+    by_subject = {c.subject: c for c in changes}
+    return [
+        {
+            "title": group.title,
+            "logical": group.logical,
+            "move": group.move,
+            "traffic": group.traffic,
+            "placed": group.placed,
+            "is_rule": group.is_rule,
+            "rows": _collective_rows([by_subject[subject] for _, subject, _ in group.rows if subject in by_subject]),
+        }
+        for group in groups
+    ]
+
+
 def _unchanged_tensor(path: str, tensor: TensorRecord) -> dict[str, str]:
     return {
         "path": path,
@@ -348,6 +373,7 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
         "tensor_rows": sum(s["count"] for s in tensor_sections),
         "tensor_changes": len(diff.of_kind(*TENSOR_CHANGE_KINDS)),
         "collectives": _collective_rows(collectives),
+        "collective_groups": _collective_groups(diff, collectives),
         "collective_marks": {m: sum(1 for c in collectives if COLLECTIVE_MARKS[c.kind] == m) for m in "+−~"},
         "unchanged_tensors": [_unchanged_tensor(p, t) for p, t in diff.unchanged_tensors],
         "unchanged_collectives": [_unchanged_collective(r) for r in diff.unchanged_collectives],

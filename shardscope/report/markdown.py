@@ -34,10 +34,12 @@ from shardscope.report.diff_terminal import (
 )
 from shardscope.report.estimate_text import cost_headline, cost_rows
 from shardscope.report.findings import FINDING_MARKS, finding_change_text, finding_side
+from shardscope.report.rule_changes import explained_groups
 
-TOP_TENSORS = 8
-TOP_COLLECTIVES = 8
+TOP_TENSORS = 6
+TOP_COLLECTIVES = 6
 TOP_FINDINGS = 10
+TOP_RULE_CHANGES = 4  # rule-change lines in the PR comment
 # Inline Markdown that could turn a name into formatting, a link, math or a broken table cell.
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~$])")
 
@@ -217,6 +219,16 @@ def render_markdown(diff: PlanDiff) -> str:
     if collectives:
         lines += ["", "**Collective changes** (+ added, − removed, ~ changed)", ""]
         lines += _collectives(collectives)
+    explained = explained_groups(diff)
+    if explained:
+        lines += ["", "**Why the collectives changed**", ""]
+        for group in explained[:TOP_RULE_CHANGES]:
+            changes = f"{len(group.rows)} collective change{'s' if len(group.rows) != 1 else ''}"
+            title = f"`{group.logical}`: {md_escape(group.move)}" if group.logical else f"_{md_escape(group.title)}_"
+            placed = f" ({md_escape(group.placed)})" if group.placed else ""
+            lines.append(f"- {title}: {changes}, {md_escape(group.traffic)}{placed}")
+        if len(explained) > TOP_RULE_CHANGES:
+            lines.append(f"- … and {len(explained) - TOP_RULE_CHANGES} more (the HTML report has them all)")
     findings = diff.of_kind(*FINDING_CHANGE_KINDS)
     if findings:
         lines += ["", "**Lint findings** (+ added, − resolved, ~ changed)", ""]

@@ -13,7 +13,7 @@ from shardscope.case.rules import DimDecision, Rule
 from shardscope.case.topology import mesh_label
 from shardscope.plan.document import Plan
 from shardscope.plan.records import CollectiveRow, axes_label
-from shardscope.plan.totals import bytes_by_kind, traffic_totals
+from shardscope.plan.totals import bytes_by_kind, traffic_by_rule, traffic_totals
 from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.estimate_terminal import estimate_renderable
 from shardscope.report.findings import findings_summary
@@ -39,8 +39,12 @@ def collectives_table(rows: Sequence[CollectiveRow], title: str = "Collectives")
 def _collectives_table(rows: Sequence[CollectiveRow], title: str, width: int) -> Table:
     table = Table(title=title, title_justify="left", show_edge=False)
     fixed = {"op": 18, "pass": 9, "bytes": 10, "count": 5, "trips": 5, "total": 10}
-    widths = column_widths(width, fixed, {"axes": 2, "source": 4, "dtype[shape]": 2})
-    for column in ("op", "axes", "pass", "source", "dtype[shape]", "bytes", "count", "trips", "total"):
+    caused = any(row.cause is not None for row in rows)
+    shares = {"axes": 2, "source": 4, "dtype[shape]": 2} | ({"rule (why)": 3} if caused else {})
+    widths = column_widths(width, fixed, shares)
+    order = ("op", "axes", "pass", "source", "dtype[shape]", "bytes", "count", "trips", "total", "rule (why)")
+    columns = [c for c in order if c in widths]
+    for column in columns:
         right = column in ("bytes", "count", "trips", "total")
         table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
     for row in rows:
@@ -57,6 +61,7 @@ def _collectives_table(rows: Sequence[CollectiveRow], title: str, width: int) ->
             str(row.count),
             trips,
             human_bytes(row.traffic),
+            *([row.cause.rules_text if row.cause else "-"] if caused else []),
         )
     return table
 
@@ -70,6 +75,9 @@ def traffic_tables(rows: Sequence[CollectiveRow]) -> Group:
         _totals_table("Traffic per pass", totals.by_pass, totals.total),
         Text(f"total {human_bytes(totals.total)} per device per step"),
     ]
+    by_rule = traffic_by_rule(rows)
+    if by_rule:
+        parts.insert(3, _totals_table("Traffic per rule (why it moves)", by_rule, totals.total))
     if totals.unknown_trip_rows:
         parts.append(Text(f"{totals.unknown_trip_rows} row(s) inside loops of unknown trip count are not counted"))
     return Group(*parts)

@@ -1,0 +1,187 @@
+"""Why each collective runs: the tensor it moves, the op that needs it, and the rules behind its mesh axes.
+
+From what the compiled module says of a collective (`shardscope.hlo.origins`: the step argument or op its
+operand comes from; its op_name and source line) and from the plan's tensors and the preset's rules:
+
+- the moved tensor is the plan tensor of the argument (`params/...`, `opt_state/...`, `inputs/...`), a
+  parameter's gradient (`grads/params/...`: a sum in the backward pass of a module's op whose size is one
+  of that module's parameters), or the op's result (`ops/<module>/<primitive>`);
+- the rules are those that put a dimension of a related tensor on one of the collective's mesh axes: of the
+  moved tensor itself; for an op's result, of the plan tensors it is computed from (a sum over a contraction
+  sharded on the axes names the sharded operand) and else of the named activations of the op's module (or
+  the nearest enclosing module that has some). None found: the compiler chose the layout.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+
+from shardscope.case.rules import Rule, explain_logical
+from shardscope.hlo.collectives import Collective
+from shardscope.hlo.metadata import module_path, primitive_of
+from shardscope.hlo.origins import Origin
+from shardscope.plan.records import Cause, RuleCause, TensorRecord
+
+__all__ = ["collective_cause", "plan_path", "project_relative"]
+
+_KEY = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
+_ROOTS = {"state": "", "batch": "inputs"}
+_REDUCTIONS = frozenset({"all-reduce", "reduce-scatter"})
+
+
+def plan_path(argument: str) -> str:
+    """The plan path of a step argument jax named by its pytree path: `state['params']['decoder']` →
+    `params/decoder`, `state['opt_state'][0].mu['w']` → `opt_state/0/mu/w`, `batch['tokens']` →
+    `inputs/tokens`; "" when the name is no such path."""
+    head = re.match(r"\w+", argument)
+    if head is None or head.group() not in _ROOTS:
+        return ""
+    parts = [_ROOTS[head.group()]] if _ROOTS[head.group()] else []
+    pos = head.end()
+    for key in _KEY.finditer(argument, pos):
+        if key.start() != pos:
+            return ""
+        parts.append(next(g for g in key.groups() if g is not None))
+        pos = key.end()
+    return "/".join(parts) if pos == len(argument) else ""
+
+
+@cache
+def project_relative(path: str) -> str:
+    """A source file as its import path (`reference_models/layers.py`): below the outermost package folder
+    that holds it, so plans name the same file alike in every checkout; a file outside any package by its
+    name; a file not on this machine below the longest `sys.path` entry it is under (else as it is)."""
+    file = Path(path)
+    if file.is_file():
+        root = file.parent
+        while (root / "__init__.py").is_file() and root.parent != root:
+            root = root.parent
+        return file.relative_to(root).as_posix()
+    roots = sorted((p.rstrip("/") + "/" for p in sys.path if p and path.startswith(p.rstrip("/") + "/")), key=len)
+    return path[len(roots[-1]) :] if roots else path
+
+
+def _op_label(op_name: str) -> str:
+    module = module_path(op_name)
+    primitive = primitive_of(op_name)
+    return f"{module}/{primitive}" if module else primitive
+
+
+def _spec_axes(entry: object) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)  # type: ignore[arg-type]
+
+
+class _Placement:
+    """Rule attribution for one plan: which rules put which tensor dimensions on which mesh axes."""
+
+    def __init__(self, tensors: Mapping[str, TensorRecord], rules: Sequence[Rule]) -> None:
+        self.tensors = tensors
+        self.rules = tuple(rules)
+        self.activations: dict[str, list[str]] = {}
+        for path, record in tensors.items():
+            if record.kind == "activation":
+                module = path.removeprefix("activations/").rsplit("/", 1)[0].split("#")[0]
+                self.activations.setdefault(module, []).append(path)
+        self._memo: dict[tuple[str, tuple[str, ...]], tuple[RuleCause, ...]] = {}
+
+    def rules_of(self, path: str, axes: tuple[str, ...]) -> tuple[RuleCause, ...]:
+        """The rules that put a dimension of tensor `path` on any of `axes` (as its spec has it)."""
+        key = (path, axes)
+        if key not in self._memo:
+            self._memo[key] = self._rules_of(path, axes)
+        return self._memo[key]
+
+    def _rules_of(self, path: str, axes: tuple[str, ...]) -> tuple[RuleCause, ...]:
+        record = self.tensors.get(path)
+        if record is None or record.logical is None or not self.rules:
+            return ()
+        try:
+            decisions = explain_logical(record.logical, self.rules)
+        except ValueError:
+            return ()
+        out = []
+        for entry, decision in zip(record.spec, decisions, strict=False):
+            placed = set(_spec_axes(entry)) & set(axes)
+            if placed and decision.rule_index is not None and decision.logical is not None:
+                out.append(RuleCause(decision.logical, _spec_axes(decision.spec), decision.rule_index, path))
+        return tuple(out)
+
+    def nearby_activations(self, module: str) -> list[str]:
+        """The named activations of `module`, or of its nearest enclosing module that has some, or (an op
+        outside every module that has some, e.g. a top-level norm) all of the model's."""
+        parts = module.split("/") if module else []
+        while parts:
+            found = self.activations.get("/".join(parts))
+            if found:
+                return sorted(found)
+            parts.pop()
+        return sorted(path for paths in self.activations.values() for path in paths)
+
+    def gradient_of(self, module: str, shape: tuple[int, ...]) -> str | None:
+        """The parameter of `module` whose (per-layer) size `shape` is, if one is."""
+        elements = math.prod(shape)
+        prefix = f"params/{module}/"
+        for path in sorted(p for p in self.tensors if p.startswith(prefix) and "/" not in p[len(prefix) :]):
+            record = self.tensors[path]
+            total = math.prod(record.shape)
+            if elements and (total == elements or any(total == elements * d for d in record.shape if d > 1)):
+                return path
+        return None
+
+
+def _argument(origin: Origin, placement: _Placement) -> str | None:
+    path = plan_path(origin.name)
+    return path if path and path in placement.tensors else None
+
+
+def _row_cause(row: Collective, placement: _Placement) -> Cause:
+    axes = row.axes or ()
+    tensors: list[str] = []
+    rules: list[RuleCause] = []
+    for origin in row.origins:
+        if origin.kind == "parameter":
+            path = _argument(origin, placement)
+            tensors.append(path or origin.name)
+            rules += placement.rules_of(path, axes) if path else ()
+            continue
+        module = module_path(origin.name)
+        label = _op_label(origin.name)
+        gradient = placement.gradient_of(module, row.shape) if row.pass_ == "backward" else None
+        if gradient is not None and row.op in _REDUCTIONS:
+            tensors.append(f"grads/{gradient}")
+        else:
+            tensors.append(f"ops/{label}")
+        found: list[RuleCause] = []
+        for source in origin.inputs:  # what the op computes from: a sharded operand explains a sum or a move
+            path = _argument(source, placement) if source.kind == "parameter" else None
+            found += placement.rules_of(path, axes) if path else ()
+        if not found:
+            modules = [module, *(module_path(s.name) for s in origin.inputs if s.kind == "op")]
+            for near in dict.fromkeys(modules):
+                for activation in placement.nearby_activations(near):
+                    found += placement.rules_of(activation, axes)
+        rules += found
+    first_of_rule: dict[int, RuleCause] = {}  # one tensor per rule: the first it was found on
+    for rule in rules:
+        first_of_rule.setdefault(rule.rule, rule)
+    return Cause(
+        tensors=tuple(dict.fromkeys(tensors)),
+        consumer=_op_label(row.consumer) if row.consumer else row.source,
+        line=None if row.line is None else f"{project_relative(row.line[0])}:{row.line[1]}",
+        rules=tuple(first_of_rule.values()),
+    )
+
+
+def collective_cause(
+    rows: Sequence[Collective], tensors: Mapping[str, TensorRecord], rules: Sequence[Rule]
+) -> tuple[Cause, ...]:
+    """The cause of each row of a traced module (one whose origin was lost names no tensor)."""
+    placement = _Placement(tensors, rules)
+    return tuple(_row_cause(row, placement) for row in rows)
