@@ -305,11 +305,14 @@ def test_seed_diffs_link_collective_changes_to_rule_changes(model, preset):
 
 def test_diff_report_groups_collective_changes_under_rule_changes(tmp_path):
     old, new = _golden("deepseek-tiny", "default"), _golden("deepseek-tiny", "ep-tp")
-    md = tmp_path / "diff.md"
-    result = runner.invoke(app, ["diff", str(old), str(new), "--markdown", str(md)])
+    md, html = tmp_path / "diff.md", tmp_path / "diff.html"
+    result = runner.invoke(app, ["diff", str(old), str(new), "--markdown", str(md), "--html", str(html)])
     assert result.exit_code == 1, result.output
     assert "Why the collectives changed" in result.output
     diff = diff_plans(load_plan(old), load_plan(new))
     top = diff.rule_changes[0]
     assert top.title in result.output
     assert "**Why the collectives changed**" in md.read_text()
+    page = html.read_text()
+    assert f'rule change <span class="mono">{top.logical}</span>: {top.move}' in page
+    assert page.count('title="moves ') == len([c for c in diff.changes if c.kind.startswith("collective")])

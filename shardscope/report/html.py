@@ -214,6 +214,7 @@ def _collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
                 "pass": row["pass"],
                 "source": row["source"] or "(top level)",
                 "shape": collective_shape(row),
+                "why": _why_text(row.get("cause")),
                 "stats": [
                     {"text": stat_text(change, name), "moved": name in moved}
                     for name in ("count", "bytes", "loop_trips", "traffic")
@@ -221,6 +222,15 @@ def _collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _why_text(cause: Any) -> str:
+    """A collective's cause in one line, for the row's tooltip ("" without one)."""
+    if not cause:
+        return ""
+    rules = "; ".join(f"{r['logical']} → {'+'.join(r['axes'])}" for r in cause["rules"]) or "compiler's choice"
+    where = f" at {cause['line']}" if cause.get("line") else ""
+    return f"moves {', '.join(cause['tensors']) or '?'}; needed by {cause['consumer']}{where}; rule: {rules}"
 
 
 def _collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str, Any]]:
