@@ -166,5 +166,7 @@ def test_tensors_only_plans_compare_no_time(tmp_path):
         assert result.exit_code == 0, result.output
         paths.append(str(out))
     result = runner.invoke(app, ["diff", *paths, "--hardware", "v5p"], terminal_width=200)
-    assert "time per step not compared: a tensors-only plan" in result.output
+    assert "communication unknown: nothing compiled" in result.output
     assert "per step over" not in result.output  # no "±0 per step" from two plans with no time at all
+    assert "traffic unknown: nothing compiled" in result.output and "0 B → 0 B" not in result.output
+    assert result.exit_code == 1  # their tensors' specs differ

@@ -289,10 +289,11 @@ def test_default_vs_ep_as_cp_latent_projections_lose_expert(sample_diff):
 
 def test_default_vs_ep_as_cp_totals(sample_diff, sample_plans):
     old, new = sample_plans
-    assert [(c.kind, c.subject, c.after) for c in sample_diff.of_kind("case")] == [
-        ("case", "mesh", "fsdp=4,expert=2 (+2 axes of size 1)"),
-        ("case", "preset", "ep-as-cp"),
-    ]
+    # The two meshes split devices alike (fsdp=4, expert=2) and differ only in how many axes of size 1 they
+    # list: not a mesh change.
+    assert {axis: size for axis, size in old.case.mesh if size > 1} == {a: s for a, s in new.case.mesh if s > 1}
+    assert old.case.mesh != new.case.mesh
+    assert [(c.kind, c.subject, c.after) for c in sample_diff.of_kind("case")] == [("case", "preset", "ep-as-cp")]
     assert {c.kind for c in sample_diff.changes} <= set(CHANGE_KINDS)
     # Exactly the tensors whose spec differs between the two plans, computed from the plans themselves.
     before, after = old.tensor_map, new.tensor_map
@@ -327,3 +328,59 @@ def test_a_tensors_only_plan_is_compared_on_tensors_alone(sample_plans):
     moved = dataclasses.replace(record, spec=("fsdp",) * len(record.shape))
     changed = diff_plans(old, dataclasses.replace(partial, tensors=((path, moved), *old.tensors[1:])))
     assert [c.subject for c in changed.changes] == [path]
+
+
+# --- what each side is, and what decides the exit code ------------------------------------------------------
+
+
+def _tensors_only(tmp_path: Path, preset: str, name: str, *extra: str) -> Path:
+    from typer.testing import CliRunner
+
+    from shardscope.cli import app
+
+    out = tmp_path / f"{name}.json"
+    result = CliRunner().invoke(
+        app, ["dump", "deepseek-tiny", "--preset", preset, *extra, "--tensors-only", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_same_shardings_from_a_file_differ_only_in_findings_and_exit_0(tmp_path, monkeypatch):
+    # MaxText's own ep-as-cp rule file against the built-in preset carrying it: the same placement; the file's
+    # rules for other model families give lint findings, which are reported apart and do not fail the diff.
+    from typer.testing import CliRunner
+
+    from shardscope.cli import app
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    rule_file = "tests/data/maxtext/custom_mesh_and_rule/ep-as-cp.yml"
+    old = _tensors_only(tmp_path, "ep-as-cp", "builtin")
+    new = _tensors_only(tmp_path, rule_file, "file", "--mesh", "fsdp=4,expert=2")
+    diff = diff_plans(plan_from_json(old.read_text()), plan_from_json(new.read_text()))
+    assert not diff.placement_changes and diff.finding_changes
+    runner = CliRunner()
+    result = runner.invoke(app, ["diff", str(old), str(new)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # piped output wraps at 120 columns
+    old_side, new_side = text.index("old deepseek-tiny under ep-as-cp (built-in)"), text.index("new deepseek-tiny")
+    assert old_side < new_side and f"under ep-as-cp (file {rule_file})" in text[new_side:]
+    assert "(tensors only)" in text[old_side:new_side]
+    assert f"same placement and traffic; {len(diff.finding_changes)} lint findings changed" in text
+    assert runner.invoke(app, ["diff", str(old), str(new), "--strict"]).exit_code == 1
+
+
+def test_import_maxtext_takes_the_model_name(tmp_path):
+    from typer.testing import CliRunner
+
+    from shardscope.cli import app
+
+    dump = DATA / "maxtext" / "sharding_info" / "llama3.1-70b" / "v5p-16" / "slice_1" / "rule_default"
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, ["import-maxtext", str(dump), "--model", "my-llama", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = plan_from_json(out.read_text())
+    assert plan.case.model == "my-llama" and plan.case.topology == "v5p-16"
+    inferred = tmp_path / "inferred.json"
+    assert CliRunner().invoke(app, ["import-maxtext", str(dump), "-o", str(inferred)]).exit_code == 0
+    assert plan_from_json(inferred.read_text()).case.model == "llama3.1-70b"

@@ -65,6 +65,7 @@ class Preset:
     name: str
     description: str = ""
     origin: str = ""  # where the rules come from, for presets that carry another project's rule file
+    source: str = ""  # the file path the user gave ("" for a built-in preset)
     mesh_axes: tuple[str, ...]
     mesh: tuple[tuple[str, int], ...] = ()  # default sizes; -1 fills the remaining devices
     data_sharding: tuple[tuple[str, ...], ...] = ()
@@ -359,6 +360,15 @@ def builtin_preset_names() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
 
 
+def _source_name(path: Path) -> str:
+    """A preset file as plans name it: relative to the working directory when below it (so a plan made in a
+    checkout names it alike in every checkout), else by its file name."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.name
+
+
 def get_preset(name_or_path: str) -> Preset:
     """A built-in preset by name, or a preset file by path.
 
@@ -372,7 +382,7 @@ def get_preset(name_or_path: str) -> Preset:
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise PresetError(f"preset file {name_or_path} does not exist")
-        return load_preset_file(path)
+        return dataclasses.replace(load_preset_file(path), source=_source_name(path))
     raise unknown_name("preset", name_or_path, builtin_preset_names())
 
 

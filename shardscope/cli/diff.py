@@ -1,5 +1,6 @@
 """`shardscope diff OLD.json NEW.json`: two plans compared by meaning, with what the change costs per step;
-an HTML report and a Markdown summary on request. Exit 0 when they mean the same, 1 when they differ."""
+an HTML report and a Markdown summary on request. Exit 0 when they place and move the same, 1 when they
+differ (`--strict`: any difference, lint findings too)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ def diff_command(
     hardware: HardwareOption = None,
     efficiency: EfficiencyOption = None,
     as_json: JsonOption = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 1 on any difference, lint findings and the case header too.")
+    ] = False,
 ) -> None:
-    """Semantic diff of two plans, with what the change costs per step. Exit 0 when they mean the same,
-    1 when they differ."""
+    """Semantic diff of two plans, with what the change costs per step. Exit 0 when they place and move the
+    same (lint findings and case names are reported, not counted, unless --strict), 1 when they differ."""
     # lazy: off the --help path
     from shardscope.atomic import write_atomic
     from shardscope.diff.json import diff_to_json
@@ -57,4 +61,5 @@ def diff_command(
         write_atomic(html, render_html_many([diff]))
     if markdown is not None:
         write_atomic(markdown, render_markdown(diff))
-    raise typer.Exit(0 if diff.same else 1)
+    differs = not diff.same if strict else bool(diff.placement_changes)
+    raise typer.Exit(1 if differs else 0)

@@ -17,6 +17,10 @@ def import_maxtext_command(
     directory: Annotated[
         Path, typer.Argument(metavar="DIR", help="A MaxText sharding_info/<model>/<topology>/slice_N/rule_… dump.")
     ],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="The model's name (default: the directory <model>/<topology>/… it is in)."),
+    ] = None,
     output: OutputOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -28,7 +32,7 @@ def import_maxtext_command(
             from shardscope.atomic import check_writable  # lazy: off the --help path (no JAX)
 
             check_writable(output, "-o")
-        plan = dump_to_plan(directory)
+        plan = dump_to_plan(directory, model)
     except ShardscopeError as err:
         fail(err)
     if write_output(plan, output) or as_json:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope.case.rules import SpecEntry
 from shardscope.diff.frames import collective_changes_frame, tensor_changes_frame
-from shardscope.diff.kinds import ChangeKind
+from shardscope.diff.kinds import FINDING_CHANGE_KINDS, ChangeKind
 from shardscope.plan.estimate import Estimate
 from shardscope.plan.findings import Finding
 from shardscope.plan.records import CaseRecord, CollectiveRow, TensorRecord
@@ -148,11 +148,30 @@ class PlanDiff:
     # the subjects of those no rule change explains (the compiler's choices); shown, never compared.
     rule_changes: tuple[RuleChange, ...] = field(default=())
     compilers_choices: tuple[str, ...] = field(default=())
+    # What each side holds, for its header: "compiled", "tensors only" (nothing compiled), ...
+    old_holds: str = ""
+    new_holds: str = ""
 
     @property
     def same(self) -> bool:
         """No difference outside provenance (and outside the stated temp_bytes tolerance)."""
         return not self.changes
+
+    @property
+    def placement_changes(self) -> tuple[Change, ...]:
+        """The changes of what the plans place and move (tensors, collectives, memory, compute, extra plan
+        fields): not the case header that names them, nor lint findings about them."""
+        return tuple(c for c in self.changes if c.kind != ChangeKind.CASE and c.kind not in FINDING_CHANGE_KINDS)
+
+    @property
+    def traffic_compared(self) -> bool:
+        """Both plans hold a compiled step: a tensors-only side's traffic is unknown, not zero."""
+        return not any(holds.startswith(("tensors only", "MaxText")) for holds in (self.old_holds, self.new_holds))
+
+    @property
+    def finding_changes(self) -> tuple[Change, ...]:
+        """The lint findings added, resolved or changed."""
+        return tuple(c for c in self.changes if c.kind in FINDING_CHANGE_KINDS)
 
     def of_kind(self, *kinds: str) -> tuple[Change, ...]:
         """The changes of the given kinds, in diff order."""

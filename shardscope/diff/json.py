@@ -26,6 +26,7 @@ def case_dict(case: CaseRecord) -> dict[str, Any]:
     return {
         "model": case.model,
         "preset": case.preset,
+        **({"preset_source": case.preset_source} if case.preset_source else {}),
         "topology": case.topology,
         "mesh": format_mesh(case.mesh),
         "axis_types": case.axis_types,

@@ -16,7 +16,7 @@ from deepdiff import DeepDiff
 
 from shardscope.case.lints import COMPILE, LINTS
 from shardscope.case.rules import entry_axes
-from shardscope.case.topology import mesh_label
+from shardscope.case.topology import format_mesh, mesh_label
 from shardscope.diff.causes import explain_collective_changes, merged_cause
 from shardscope.diff.changes import (
     DEFAULT_TEMP_TOLERANCE,
@@ -35,7 +35,7 @@ from shardscope.diff.pricing import price_pair
 from shardscope.plan.document import Plan
 from shardscope.plan.findings import Finding, sort_findings
 from shardscope.plan.json import cause_to_json, finding_to_json, tensor_to_json
-from shardscope.plan.records import PASSES, CollectiveRow, TensorRecord, axes_label
+from shardscope.plan.records import PASSES, CaseRecord, CollectiveRow, TensorRecord, axes_label
 from shardscope.plan.totals import bytes_by_kind, traffic_totals
 
 
@@ -226,6 +226,20 @@ def _diff_findings(old: Plan, new: Plan, compiled: bool) -> tuple[list[Change], 
     return changes, unchanged
 
 
+def holds(plan: Plan) -> str:
+    """What a plan holds, in a few words for its header."""
+    imported = dict(plan.provenance).get("source") == "maxtext sharding dump"
+    if imported:
+        return "MaxText's dump, tensors only"
+    return "compiled" if plan.holds("collectives") else "tensors only"
+
+
+def _compared(case: CaseRecord) -> dict[str, Any]:
+    """The case fields a diff compares: the mesh by the axes that split devices (two meshes that differ only
+    in axes of size 1 place every tensor alike)."""
+    return case_dict(case) | {"mesh": format_mesh(tuple(_sized(case.mesh).items()))}
+
+
 def _readable_mesh(change: Change, old: Plan, new: Plan) -> Change:
     """A mesh change, shown by the axes that split devices (MaxText's default mesh has twelve axes)."""
     if change.subject != "mesh":
@@ -319,7 +333,7 @@ def diff_plans(
       source, pass, op), lint findings (most severe first).
     """
     changes = [
-        _readable_mesh(c, old, new) for c in _root_changes(ChangeKind.CASE, case_dict(old.case), case_dict(new.case))
+        _readable_mesh(c, old, new) for c in _root_changes(ChangeKind.CASE, _compared(old.case), _compared(new.case))
     ]
     changes += _root_changes(ChangeKind.EXTRA_CHANGED, dict(old.extra), dict(new.extra))
     # Only what both plans hold is compared: a tensors-only plan (no compile) has no collectives or memory.
@@ -368,4 +382,6 @@ def diff_plans(
         cost_after=cost_after,
         rule_changes=rule_changes,
         compilers_choices=compilers_choices,
+        old_holds=holds(old),
+        new_holds=holds(new),
     )

@@ -208,10 +208,11 @@ def equivalent_mesh_and_settings(case: DumpCase, mesh_axes: tuple[str, ...]) -> 
     return mesh, settings
 
 
-def dump_to_plan(directory: Path) -> Plan:
+def dump_to_plan(directory: Path, model: str | None = None) -> Plan:
     """A MaxText dump as a tensors-only plan: its train state (parameters and optimizer state, float32 as
     MaxText's dump runs them) and its activations (`activations/<file>/<name>`), specs without mesh axes
-    of size 1, as plans write them. The case comes from the directory's path.
+    of size 1, as plans write them. The case comes from the directory's path; `model` names the model
+    when the path does not (a dump copied out of MaxText's `<model>/<topology>/…` layout).
 
     Raises:
       ShardscopeError: the directory is not a readable MaxText dump.
@@ -237,7 +238,7 @@ def dump_to_plan(directory: Path) -> Plan:
         tensors[path] = record
     return Plan(
         case=CaseRecord(
-            model=case.model,
+            model=model or case.model,
             preset=case.rule,
             topology=case.topology if case.slices == 1 else f"{case.slices}x{case.topology}",
             mesh=dump.mesh,

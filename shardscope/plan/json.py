@@ -152,6 +152,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "mesh_axes": [axis for axis, _ in case.mesh],
                 "axis_types": case.axis_types,
                 "overrides": dict(case.overrides),
+                **({"preset_source": case.preset_source} if case.preset_source else {}),
             },
             "provenance": dict(plan.provenance),
             "tensors": {path: tensor_to_json(t) for path, t in plan.tensors},
@@ -248,6 +249,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
             ),
             axis_types=str(raw_case["axis_types"]),
             overrides=tuple(sorted((str(k), str(v)) for k, v in raw_case.get("overrides", {}).items())),
+            preset_source=str(raw_case.get("preset_source", "")),
         )
         tensors = [(path, tensor_from_json(t)) for path, t in sorted(_require(data, "tensors", dict, source).items())]
         collectives = tuple(collective_from_json(c) for c in _require(data, "collectives", list, source))

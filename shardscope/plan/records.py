@@ -122,6 +122,7 @@ class CaseRecord:
     mesh: tuple[tuple[str, int], ...]
     axis_types: str
     overrides: tuple[tuple[str, str], ...] = ()
+    preset_source: str = ""  # the preset file's path as given; "" for a built-in preset
 
 
 def tensor_record(
@@ -152,6 +153,7 @@ def case_record(case: Case) -> CaseRecord:
         mesh=case.mesh,
         axis_types=case.axis_types,
         overrides=case.overrides,
+        preset_source=case.preset.source,
     )
 
 

@@ -49,10 +49,17 @@ def paired(before: Iterable[tuple[str, int]], after: Iterable[tuple[str, int]]) 
 def headline_sections(diff: PlanDiff) -> tuple[HeadlineSection, ...]:
     """The totals a reviewer reads first: traffic per axis, op and pass; memory; tensor bytes per kind."""
     before, after = diff.totals_before, diff.totals_after
+    traffic = (
+        (
+            HeadlineSection("Traffic per mesh axis", paired(before.by_axes, after.by_axes)),
+            HeadlineSection("Traffic per op", paired(before.by_op, after.by_op)),
+            HeadlineSection("Traffic per pass", paired(before.by_pass, after.by_pass)),
+        )
+        if diff.traffic_compared
+        else ()
+    )
     return (
-        HeadlineSection("Traffic per mesh axis", paired(before.by_axes, after.by_axes)),
-        HeadlineSection("Traffic per op", paired(before.by_op, after.by_op)),
-        HeadlineSection("Traffic per pass", paired(before.by_pass, after.by_pass)),
+        *traffic,
         HeadlineSection(
             "Memory per device",
             paired(
@@ -109,12 +116,48 @@ def case_title(case: CaseRecord) -> str:
     return f"{case.model} · {case.preset} · {case.topology}"
 
 
-def case_line(case: CaseRecord) -> str:
-    """The full case header on one line (mesh in device order, overrides)."""
+def preset_origin(case: CaseRecord, holds: str = "") -> str:
+    """Where a side's preset came from: "built-in", "file rules/ep-as-cp.yml" or "MaxText's rule"."""
+    if case.preset_source:
+        return f"file {case.preset_source}"
+    return "MaxText's rule" if holds.startswith("MaxText") else "built-in"
+
+
+def case_line(case: CaseRecord, holds: str = "") -> str:
+    """The full case header on one line (preset and where it came from, mesh in device order, overrides,
+    and what the plan holds when told)."""
     overrides = " ".join(f"{k}={v}" for k, v in case.overrides)
     extra = f"  set {overrides}" if overrides else ""
+    extra += f"  ({holds})" if holds else ""
     mesh = mesh_label(case.mesh)
-    return f"{case.model} under {case.preset} on {case.topology}  mesh {mesh}  axes {case.axis_types}{extra}"
+    preset = f"{case.preset} ({preset_origin(case, holds)})"
+    return f"{case.model} under {preset} on {case.topology}  mesh {mesh}  axes {case.axis_types}{extra}"
+
+
+NOT_COMPILED = "traffic unknown: nothing compiled (a tensors-only plan)"
+
+
+def traffic_line(diff: PlanDiff) -> str:
+    """ "total traffic 1.2 MiB → 1.5 MiB per device per step (+25%)", or why there is none to compare."""
+    if not diff.traffic_compared:
+        return NOT_COMPILED
+    before, after = diff.totals_before.total, diff.totals_after.total
+    change = delta_text(before, after) or "unchanged"
+    return f"total traffic {human_bytes(before)} → {human_bytes(after)} per device per step ({change})"
+
+
+def verdict_text(diff: PlanDiff) -> tuple[str, bool]:
+    """ "no changes", "12 changes (and 3 lint findings)", or "same placement and traffic: 21 lint findings
+    changed"; and whether the plans differ in what they place and move (lint findings and the case header
+    that names the sides are counted apart)."""
+    if diff.same:
+        return "no changes", False
+    placement, findings = len(diff.placement_changes), len(diff.finding_changes)
+    noun = f"{findings} lint finding{'' if findings == 1 else 's'}"
+    if not placement:
+        return f"same placement and traffic; {noun} changed" if findings else "same placement and traffic", False
+    text = f"{placement} change{'' if placement == 1 else 's'}"
+    return (f"{text} (and {noun})" if findings else text), True
 
 
 def value_text(value: Any) -> str:
@@ -340,10 +383,11 @@ def _generic_table(title: str, changes: Sequence[Change]) -> Table:
 
 def diff_renderable(diff: PlanDiff) -> Group:
     """The `diff` output: case, headline totals before → after, changed tensors, collective changes."""
-    verdict = Text("no changes", "bold green") if diff.same else Text(f"{len(diff.changes)} changes", "bold red")
+    words, differ = verdict_text(diff)
+    verdict = Text(words, "bold red" if differ else "bold green")
     parts: list[RenderableType] = [
-        Text.assemble(("old ", "dim"), case_line(diff.old_case)),
-        Text.assemble(("new ", "dim"), case_line(diff.new_case)),
+        Text.assemble(("old ", "dim"), case_line(diff.old_case, diff.old_holds)),
+        Text.assemble(("new ", "dim"), case_line(diff.new_case, diff.new_holds)),
         Text.assemble(verdict, ("  " + ", ".join(summary_counts(diff)), "")),
     ]
     parts += [Text(line, "bold") for line in cost_lines(diff)]
@@ -356,13 +400,7 @@ def diff_renderable(diff: PlanDiff) -> Group:
             parts += [Text(""), _generic_table(title, diff.of_kind(kind))]
     for section in headline_sections(diff):
         parts += [Text(""), _headline_table(section)]
-    total = delta_text(diff.totals_before.total, diff.totals_after.total) or "unchanged"
-    parts.append(
-        Text(
-            f"total traffic {human_bytes(diff.totals_before.total)} → {human_bytes(diff.totals_after.total)}"
-            f" per device per step ({total})"
-        )
-    )
+    parts.append(Text(traffic_line(diff)))
     target = diff.cost_after or diff.cost_before
     if target is not None:
         parts += [Text(""), _cost_table(diff, target)]

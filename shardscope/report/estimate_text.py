@@ -84,8 +84,17 @@ def _paired(section: str, before: Sequence[tuple[str, float]], after: Sequence[t
     return [(section, name, old.get(name), new.get(name)) for name in names]
 
 
+def compiled(estimate: Estimate | None) -> bool:
+    """Whether an estimate prices a compiled plan: a tensors-only plan has no collectives and no compiled
+    work, so its communication is unknown (not zero)."""
+    return estimate is not None and bool(estimate.rows or estimate.compute.flops is not None)
+
+
 def cost_rows(before: Estimate | None, after: Estimate | None) -> list[CostRow]:
-    """Seconds per step on each side: per mesh axis, per op, per pass, then the totals and step bounds."""
+    """Seconds per step on each side: per mesh axis, per op, per pass, then the totals and step bounds (a
+    side that holds tensors only has no figures: unknown, not zero)."""
+    before = before if compiled(before) else None
+    after = after if compiled(after) else None
     empty = ()
     rows = _paired("mesh axis", before.by_axes if before else empty, after.by_axes if after else empty)
     rows += _paired("op", before.by_op if before else empty, after.by_op if after else empty)
@@ -115,9 +124,9 @@ def cost_headline(before: Estimate | None, after: Estimate | None, baseline: str
     without both sides. The step is compared when both sides know their compute, else the communication."""
     if before is None or after is None:
         return None
-    if any(not e.rows and e.compute.flops is None for e in (before, after)):
+    if not (compiled(before) and compiled(after)):
         # A tensors-only plan has neither collectives nor compiled work: there is no time to compare.
-        return "time per step not compared: a tensors-only plan (nothing compiled) has no communication or compute"
+        return "communication unknown: nothing compiled (a tensors-only plan); time per step not compared"
     if before.expected is not None and after.expected is not None:
         old, new, what = before.expected, after.expected, f"expected step, {route_label(after)}"
     elif before.compute.flops is not None and after.compute.flops is not None:

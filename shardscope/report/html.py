@@ -28,6 +28,8 @@ from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
     TENSOR_MARKS,
     case_title,
+    preset_origin,
+    verdict_text,
     collective_axes,
     collective_shape,
     cost_lines,
@@ -35,6 +37,7 @@ from shardscope.report.diff_terminal import (
     dim_phrases,
     headline_sections,
     seconds_delta,
+    signed_bytes,
     side_spec,
     stat_text,
     summary_counts,
@@ -68,9 +71,10 @@ def environment() -> jinja2.Environment:
     )
 
 
-def _case(case: CaseRecord) -> dict[str, Any]:
+def _case(case: CaseRecord, holds: str) -> dict[str, Any]:
     overrides = " ".join(f"{k}={v}" for k, v in case.overrides) or "none"
-    return case_dict(case) | {"mesh": mesh_label(case.mesh), "overrides": overrides}
+    extra = {"origin": preset_origin(case, holds), "holds": holds}
+    return case_dict(case) | {"mesh": mesh_label(case.mesh), "overrides": overrides} | extra
 
 
 def _sizes(before: int | None, after: int | None) -> dict[str, str]:
@@ -90,7 +94,20 @@ def _stat_cards(diff: PlanDiff) -> list[dict[str, str]]:
         if name in memory_before or name in memory_after:
             cards.append((label, memory_before.get(name), memory_after.get(name)))  # type: ignore[arg-type]
     views = [{"label": label, **_sizes(before, after)} for label, before, after in cards]
-    return _time_cards(diff) + views
+    if not diff.traffic_compared:  # a tensors-only side: its traffic is unknown, not 0 B
+        views[0] = {"label": views[0]["label"], "before": "—", "after": "unknown", "delta": "nothing compiled"}
+        views[0]["trend"] = "same"
+    return _time_cards(diff) + _hbm_cards(diff) + views
+
+
+def _hbm_cards(diff: PlanDiff) -> list[dict[str, str]]:
+    """The HBM a device needs against its capacity, when both plans are priced."""
+    before, after = diff.cost_before, diff.cost_after
+    if before is None or after is None:
+        return []
+    fits = "fits" if after.memory.fits else "does not fit"
+    label = f"HBM need / device ({fits} in {human_bytes(after.memory.capacity)})"
+    return [{"label": label, **_sizes(before.memory.total, after.memory.total)}]
 
 
 def _time_cards(diff: PlanDiff) -> list[dict[str, str]]:
@@ -168,6 +185,7 @@ def _tensor_row(change: Change, mirrors: Sequence[str], unit: frozenset[str]) ->
         "cls": {"tensor_added": "add", "tensor_removed": "del"}.get(change.kind, ""),
         "path": change.subject,
         "mirrors": list(mirrors),
+        "alike": [],  # other tensors with this very change (see `_tensor_sections`)
         "shapes": shapes if len(shapes) == 1 or shapes[0] != shapes[1] else shapes[:1],
         "specs": specs,
         "phrases": dim_phrases(change, unit) or ["added" if change.before is None else "removed"],
@@ -193,11 +211,28 @@ def _tensor_sections(diff: PlanDiff) -> list[dict[str, Any]]:
     # One table body per tensor kind (param, opt_state, …), in the plan's kind order.
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     unit = unit_axes(diff.old_case, diff.new_case)
+    # Tensors of one kind whose every dimension changed identically (same logical names, same axes before and
+    # after) fold into the first of them, the others listed under it.
+    first: dict[tuple[Any, ...], dict[str, Any]] = {}
     for group in group_tensor_changes(diff.of_kind(*TENSOR_CHANGE_KINDS)):
         row = _tensor_row(group.change, group.mirrors, unit)
+        signature = (
+            row["kind"],
+            group.change.kind,
+            tuple((d.dim, d.logical, d.before, d.after) for d in group.change.dims),
+        )
+        if group.change.dims and signature in first:
+            first[signature]["alike"].append(group.change.subject)
+            continue
+        first[signature] = row
         rows[row["kind"]].append(row)
     order = list(RECORD_KINDS) + sorted(k for k in rows if k not in RECORD_KINDS)
-    return [{"kind": kind, "rows": rows[kind], "count": len(rows[kind])} for kind in order if rows.get(kind)]
+    return [
+        {"kind": kind, "rows": rows[kind], "count": len(rows[kind]) + sum(len(r["alike"]) for r in rows[kind])}
+        | {"shown": len(rows[kind])}
+        for kind in order
+        if rows.get(kind)
+    ]
 
 
 def _collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
@@ -233,6 +268,35 @@ def _why_text(cause: Any) -> str:
     return f"moves {', '.join(cause['tensors']) or '?'}; needed by {cause['consumer']}{where}; rule: {rules}"
 
 
+def _traffic_delta(change: Change) -> int:
+    def side(row: Any) -> int:
+        return int(row["traffic"]) if isinstance(row, dict) and row.get("traffic") is not None else 0
+
+    return side(change.after) - side(change.before)
+
+
+TOP_CHANGES = 5  # collective changes on the report's first screen
+
+
+def _top_collectives(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str, Any]]:
+    """The largest collective changes by traffic, each with the rule change that caused it (first screen)."""
+    why = {
+        subject: f"{rule.logical}: {rule.move}" if rule.move else rule.title
+        for rule in diff.rule_changes
+        for subject in rule.collectives
+    }
+    why |= {subject: "compiler's choice" for subject in diff.compilers_choices}
+    ranked = sorted(changes, key=lambda c: -abs(_traffic_delta(c)))[:TOP_CHANGES]
+    rows = []
+    for change, row in zip(ranked, _collective_rows(ranked), strict=True):
+        delta = _traffic_delta(change)
+        rows.append(
+            row
+            | {"delta": signed_bytes(delta), "trend": "up" if delta > 0 else "down", "why": why.get(change.subject, "")}
+        )
+    return rows
+
+
 def _collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str, Any]]:
     """The collective changes grouped under the rule changes that caused them, then the compiler's choices
     (one group of every change when the plans record no causes)."""
@@ -243,6 +307,12 @@ def _collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[s
             | {"rows": _collective_rows(changes)}
         ]
     by_subject = {c.subject: c for c in changes}
+
+    def ranked(subjects: list[str]) -> list[Change]:
+        # Largest traffic move first within a group (the groups come ordered the same way).
+        found = [by_subject[s] for s in subjects if s in by_subject]
+        return sorted(found, key=lambda c: -abs(_traffic_delta(c)))
+
     return [
         {
             "title": group.title,
@@ -251,7 +321,7 @@ def _collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[s
             "traffic": group.traffic,
             "placed": group.placed,
             "is_rule": group.is_rule,
-            "rows": _collective_rows([by_subject[subject] for _, subject, _ in group.rows if subject in by_subject]),
+            "rows": _collective_rows(ranked([subject for _, subject, _ in group.rows])),
         }
         for group in groups
     ]
@@ -364,11 +434,13 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
     collectives = diff.of_kind(*COLLECTIVE_CHANGE_KINDS)
     tensor_sections = _tensor_sections(diff)
     return {
-        "old": _case(diff.old_case),
-        "new": _case(diff.new_case),
+        "old": _case(diff.old_case, diff.old_holds),
+        "new": _case(diff.new_case, diff.new_holds),
         "title": f"{case_title(diff.old_case)} → {case_title(diff.new_case)}",
         "same": diff.same,
         "change_count": len(diff.changes),
+        "verdict": verdict_text(diff)[0],
+        "differs": verdict_text(diff)[1],
         "counts": summary_counts(diff),
         "stats": _stat_cards(diff),
         "case_changes": [
@@ -380,10 +452,11 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
             for s in headline_sections(diff)
         ],
         "tensor_sections": tensor_sections,
-        "tensor_rows": sum(s["count"] for s in tensor_sections),
+        "tensor_rows": sum(s["shown"] for s in tensor_sections),
         "tensor_changes": len(diff.of_kind(*TENSOR_CHANGE_KINDS)),
         "collectives": _collective_rows(collectives),
         "collective_groups": _collective_groups(diff, collectives),
+        "top_collectives": _top_collectives(diff, collectives),
         "collective_marks": {m: sum(1 for c in collectives if COLLECTIVE_MARKS[c.kind] == m) for m in "+−~"},
         "unchanged_tensors": [_unchanged_tensor(p, t) for p, t in diff.unchanged_tensors],
         "unchanged_collectives": [_unchanged_collective(r) for r in diff.unchanged_collectives],

@@ -22,15 +22,18 @@ from shardscope.plan.records import CaseRecord
 from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
+    NOT_COMPILED,
     cost_lines,
     delta_text,
     dim_phrases,
     headline_sections,
+    preset_origin,
     seconds_delta,
     signed_bytes,
     summary_counts,
     tensor_bytes,
     value_text,
+    verdict_text,
 )
 from shardscope.report.estimate_text import cost_headline, cost_rows
 from shardscope.report.findings import FINDING_MARKS, finding_change_text, finding_side
@@ -54,12 +57,14 @@ def md_escape(text: str) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(text.splitlines()))
 
 
-def _case(label: str, case: CaseRecord) -> str:
+def _case(label: str, case: CaseRecord, holds: str) -> str:
     overrides = ", ".join(f"{k}={v}" for k, v in case.overrides)
     return (
-        f"**{label}** {md_escape(case.model)} under **{md_escape(case.preset)}** on {md_escape(case.topology)}"
+        f"**{label}** {md_escape(case.model)} under **{md_escape(case.preset)}**"
+        f" ({md_escape(preset_origin(case, holds))}) on {md_escape(case.topology)}"
         f" · mesh {md_escape(mesh_label(case.mesh))} · axes {md_escape(case.axis_types)}"
         + (f" · set {md_escape(overrides)}" if overrides else "")
+        + (f" · {md_escape(holds)}" if holds else "")
     )
 
 
@@ -67,10 +72,13 @@ def _headline(diff: PlanDiff) -> list[str]:
     # Rows that did not move are left out to keep the comment short; the HTML report has them all.
     total_before, total_after = diff.totals_before.total, diff.totals_after.total
     lines = ["| per device | before | after | Δ |", "|:--|--:|--:|--:|"]
-    lines.append(
-        f"| **traffic / step** | {human_bytes(total_before)} | {human_bytes(total_after)} "
-        f"| {delta_text(total_before, total_after) or '·'} |"
-    )
+    if diff.traffic_compared:
+        lines.append(
+            f"| **traffic / step** | {human_bytes(total_before)} | {human_bytes(total_after)} "
+            f"| {delta_text(total_before, total_after) or '·'} |"
+        )
+    else:
+        lines.append(f"| **traffic / step** | {md_escape(NOT_COMPILED)} | | |")
     labels = {
         "Traffic per mesh axis": "over {}",
         "Traffic per op": "{}",
@@ -190,12 +198,12 @@ def _findings(changes: Sequence[Change]) -> list[str]:
 
 def render_markdown(diff: PlanDiff) -> str:
     """The diff as a PR-comment summary (about 50 lines however large the plans are)."""
-    verdict = "no changes" if diff.same else f"{len(diff.changes)} changes"
+    verdict = verdict_text(diff)[0]
     lines = [
         f"### shardscope plan diff: {verdict}",
         "",
-        _case("old", diff.old_case) + "  ",
-        _case("new", diff.new_case),
+        _case("old", diff.old_case, diff.old_holds) + "  ",
+        _case("new", diff.new_case, diff.new_holds),
         "",
     ]
     case_changes = diff.of_kind("case", "extra_changed")

@@ -100,10 +100,13 @@ def stacked_against_capacity(
     """One stacked bar per side (its categories in order) against a capacity line.
 
     The scale reaches the larger of the capacity and the biggest total, so a need far above capacity
-    still shows where capacity ends.
+    still shows where capacity ends. A need below a tenth of capacity is drawn on its own scale (at the
+    capacity's, its bars would be too thin to see), and the capacity is then written, not drawn.
     """
     totals = [sum(size for _, size in categories) for _, categories in sides]
-    top = max([capacity, *totals]) or 1
+    biggest = max(totals or [0])
+    zoomed = 0 < biggest < capacity / 10
+    top = (biggest * 1.25 if zoomed else max([capacity, *totals])) or 1
     span = width - LABEL_WIDTH - VALUE_WIDTH
     row_height = 2 * BAR_HEIGHT + ROW_GAP
     names: list[str] = []
@@ -122,13 +125,19 @@ def stacked_against_capacity(
         bar, x = _stacked(y, 2 * BAR_HEIGHT - 4, categories, span, top, colour, label)
         parts += bar
         parts.append(_text(x + 4, y + BAR_HEIGHT + 2, label(total), fill="#59636e"))
-    cap_x = LABEL_WIDTH + span * capacity / top
     bottom = len(sides) * row_height + 14
-    parts.append(
-        f'<line x1="{cap_x:.1f}" y1="4" x2="{cap_x:.1f}" y2="{bottom}" stroke="{CAPACITY}" '
-        'stroke-width="2" stroke-dasharray="4 3"/>'
-    )
-    parts.append(_text(cap_x, 10, f"capacity {label(capacity)}", "middle", CAPACITY))
+    if zoomed:
+        share = f"{biggest / capacity:.2%}" if biggest / capacity >= 0.0001 else "< 0.01%"
+        parts.append(
+            _text(width - 4, 10, f"capacity {label(capacity)}, off this scale (need ≤ {share} of it)", "end", CAPACITY)
+        )
+    else:
+        cap_x = LABEL_WIDTH + span * capacity / top
+        parts.append(
+            f'<line x1="{cap_x:.1f}" y1="4" x2="{cap_x:.1f}" y2="{bottom}" stroke="{CAPACITY}" '
+            'stroke-width="2" stroke-dasharray="4 3"/>'
+        )
+        parts.append(_text(cap_x, 10, f"capacity {label(capacity)}", "middle", CAPACITY))
     for index, name in enumerate(names):
         lx = LABEL_WIDTH + (index % 3) * 120
         ly = bottom + 14 + (index // 3) * 16
