@@ -28,23 +28,23 @@ from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
     TENSOR_MARKS,
     case_title,
-    preset_origin,
-    verdict_text,
     collective_axes,
     collective_shape,
     cost_lines,
     delta_text,
     dim_phrases,
     headline_sections,
+    preset_origin,
     seconds_delta,
-    signed_bytes,
     side_spec,
+    signed_bytes,
     stat_text,
     summary_counts,
     tensor_bytes,
     trend,
     trend_seconds,
     value_text,
+    verdict_text,
 )
 from shardscope.report.estimate_text import cost_rows, memory_source_label, route_label, target_label
 from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
@@ -477,8 +477,9 @@ def render_html(diff: PlanDiff) -> str:
     return environment().get_template("diff.html.j2").render(view_model(diff))
 
 
-def write_html(diff: PlanDiff, path: Path) -> None:
+def write_html(diff: PlanDiff, path: str | Path) -> None:
     """Renders the diff and writes it atomically to `path`."""
+    path = Path(path)
     write_atomic(path, render_html(diff))
 
 
