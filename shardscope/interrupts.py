@@ -10,7 +10,8 @@ started, prints one line and leaves with `os._exit(130)` — no unwinding throug
 compiler output, no traceback.
 
 Worker processes install the same handler silently: the terminal sends Ctrl-C to the whole process group,
-and the parent, which speaks for them, prints the line.
+and the parent, which speaks for them, prints the line. Ray workers (`--ray`) are actors this process owns:
+Ray stops an owner's actors when the owner leaves, so they end with it and the cluster gets its CPUs back.
 """
 
 from __future__ import annotations

@@ -84,3 +84,45 @@ def test_a_cluster_that_does_not_answer_is_one_line(tmp_path):
     assert result.stderr.strip() == (
         f"shardscope: error: --ray 127.0.0.1:{port}: no Ray cluster reachable there (Connection refused)"
     )
+
+
+def _free_cpus(address: str) -> float:
+    """The cluster's CPUs no actor holds, asked by a driver of its own."""
+    probe = (
+        f"import logging, ray; ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False); "
+        "print(ray.available_resources().get('CPU', 0.0))"
+    )
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def test_ctrl_c_during_a_search_on_the_cluster_frees_its_workers(cluster, tmp_path):
+    import signal
+    import time
+
+    env = dict(os.environ, SHARDSCOPE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("RAY_ADDRESS", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shardscope.cli", *SEARCH, "--ray", cluster, "--no-cache"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    # Once the search holds the cluster's CPUs (its workers started), interrupt it as a terminal would.
+    deadline = time.monotonic() + 120
+    while _free_cpus(cluster) >= 2 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(1)
+    assert process.poll() is None, f"the search ended before its workers were seen: {process.stderr.read()}"
+    os.killpg(process.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and err.splitlines() == ["shardscope: interrupted"], err
+    assert time.monotonic() - sent <= 10
+    # The cluster gets its CPUs back: the workers stopped with the search.
+    deadline = time.monotonic() + 30
+    while _free_cpus(cluster) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _free_cpus(cluster) == 2
