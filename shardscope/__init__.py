@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
 
 def plan_case(
     model: str,
-    preset: str = "default",
+    preset: str | Path = "default",
     topology: str = "cpu-8",
     mesh: Mapping[str, int] | str | None = None,
     settings: Mapping[str, str] | Sequence[str] | None = None,
@@ -103,6 +103,7 @@ def plan_case(
     from shardscope.case.topology import parse_mesh_arg
     from shardscope.golden.planning import plan_resolved_case
 
+    preset = str(preset)
     sizes = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
     overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
     if maxtext is None:
@@ -177,7 +178,7 @@ def render_markdown(diff: PlanDiff) -> str:
 def rank_shardings(
     model: str,
     topology: str = "cpu-8",
-    presets: Sequence[str] | None = None,
+    presets: Sequence[str | Path] | None = None,
     mesh: Mapping[str, int] | str | None = None,
     settings: Mapping[str, str] | Sequence[str] | None = None,
     *,
@@ -195,6 +196,8 @@ def rank_shardings(
       mesh: axes held at a size while the others are searched, e.g. {"data": 1} or "data=1,stage=1".
       hardware: the generation a cpu-N topology is priced on (v5p when None; a TPU topology prices as itself).
       jobs: worker processes (0: one per core), or Ray workers with `ray` (0: one per CPU of the cluster).
+        Each worker process runs the calling script again as it starts (Python's spawn start method), so a
+        script calls this under `if __name__ == "__main__":`; called at its top level, it fails saying so.
       ray: a Ray cluster's address to compile on (host:port), instead of local processes.
 
     Raises:
@@ -204,7 +207,8 @@ def rank_shardings(
     from shardscope.advise.sweep import make_request
     from shardscope.golden.runner import default_jobs
 
-    request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
+    names = None if presets is None else [str(p) for p in presets]
+    request = make_request(model, topology, names, mesh, settings, hardware, efficiency)
     if ray is not None:
         from shardscope.golden.ray_pool import check_reachable  # lazy: Ray is an optional extra
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -168,3 +171,76 @@ def test_a_maxtext_directory_missing_a_file_is_one_line(tmp_path):
     result = runner.invoke(app_(), ["import-maxtext", str(directory), "-o", str(tmp_path / "p.json")])
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "logical_shardings.json" in result.stderr
+
+
+def test_every_path_argument_takes_a_str(tmp_path, monkeypatch):
+    import shardscope
+    from shardscope.case.presets import PRESET_DIR, load_preset_file
+    from shardscope.report.html import render_html, write_html
+    from shardscope.report.markdown import render_markdown, write_markdown
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.json").write_text((GOLDEN / "default.json").read_text())
+    old = shardscope.load_plan("old.json")
+    shardscope.save_plan(old, "again.json")
+    assert (tmp_path / "again.json").read_text() == (GOLDEN / "default.json").read_text()
+    diff = diff_plans(old, load_plan(str(GOLDEN / "ep-as-cp.json")))
+    write_markdown(diff, "diff.md")
+    assert (tmp_path / "diff.md").read_text() == render_markdown(diff)
+    write_html(diff, "diff.html")
+    assert (tmp_path / "diff.html").read_text() == render_html(diff)
+    (tmp_path / "rules.yaml").write_text((PRESET_DIR / "ep-as-cp.yaml").read_text())
+    assert load_preset_file("rules.yaml") == load_preset_file(tmp_path / "rules.yaml")
+    assert load_preset_file("rules.yaml").name == "rules"
+
+
+def test_a_preset_file_may_be_a_path(tmp_path, monkeypatch):
+    import shardscope
+    from shardscope.case.presets import PRESET_DIR
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rules.yaml").write_text((PRESET_DIR / "ep-as-cp.yaml").read_text())
+    by_path = shardscope.plan_case("mixtral-tiny", tmp_path / "rules.yaml", tensors_only=True)
+    by_str = shardscope.plan_case("mixtral-tiny", "rules.yaml", tensors_only=True)
+    assert by_path.tensors == by_str.tensors
+    # One mesh left to search: it compiles in this process.
+    advice = shardscope.rank_shardings(
+        "mixtral-tiny", presets=[tmp_path / "rules.yaml"], mesh="data=1,stage=1,fsdp=8", jobs=1
+    )
+    assert [row.candidate.mesh_text for row in advice.ranking] == ["data=1,stage=1,fsdp=8,expert=1"]
+
+
+UNGUARDED = """import shardscope
+
+print("top-level line", flush=True)
+advice = shardscope.rank_shardings("mixtral-tiny", presets=["ep-as-cp"], mesh="data=1,stage=1", jobs=2)
+print("ranked", flush=True)
+"""
+
+
+def test_a_script_that_fans_out_at_its_top_level_is_told_to_guard_it(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SHARDSCOPE_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stderr
+    assert "ranked" not in result.stdout
+    lines = result.stderr.strip().splitlines()
+    guard = '`if __name__ == "__main__":` (or use jobs=1)'
+    # The caller: one error naming the script and the guard, not multiprocessing's RuntimeError or a broken pool.
+    assert lines[-1] == (
+        f"shardscope.errors.ShardscopeError: worker processes ended while starting; each runs {script} again as "
+        f"it starts, so a shardscope call with several jobs at its top level must be under {guard}"
+    )
+    assert "RuntimeError" not in result.stderr and "BrokenProcessPool" not in result.stderr
+    # Each worker that ran the script again: one line, no traceback.
+    worker_lines = [line for line in lines if line.startswith("shardscope: ")]
+    assert worker_lines, result.stderr
+    assert set(worker_lines) == {
+        f"shardscope: {script} starts shardscope's worker processes at its top level, and each of them runs it "
+        f"again as it starts: put that call under {guard}"
+    }
+    # Python ran the script's top level again in each worker before it got to the call.
+    assert result.stdout.count("top-level line") >= 1 + len(worker_lines)

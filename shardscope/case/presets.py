@@ -329,8 +329,9 @@ def _check_axes_exist(preset: Preset, source: str) -> None:
             raise _fail(source, f"{where} names a missing mesh axis: {hint}")
 
 
-def load_preset_file(path: Path, name: str | None = None) -> Preset:
+def load_preset_file(path: str | Path, name: str | None = None) -> Preset:
     """Loads a preset YAML file (MaxText `custom_mesh_and_rule` files included) strictly."""
+    path = Path(path)
     source = str(path)
     try:
         text = path.read_text()

@@ -2,6 +2,13 @@
 
 XLA compiles one program on roughly one core, so a matrix of cases finishes sooner on a pool of
 processes, each of which starts JAX once with a device pool big enough for every case.
+
+The processes are spawned (a forked child would inherit the parent's JAX threads), and Python's spawn start
+method runs the caller's script again in each child, as `__mp_main__`, before the worker starts; it offers no
+supported way to start a child without that. A script that starts workers from its top level would start
+them again from each child, which Python refuses with a RuntimeError that breaks the pool: instead the child
+ends with one line and the caller gets a ShardscopeError, both saying to put the call under
+`if __name__ == "__main__":` (or to use one job).
 """
 
 from __future__ import annotations
@@ -9,14 +16,24 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 
 from shardscope.case.resolve import Case
 from shardscope.cost.price import price_plan, target_for
+from shardscope.errors import ShardscopeError
 from shardscope.golden.cache import case_key, load_plan_text, store
 from shardscope.golden.cases import GoldenCase
 from shardscope.golden.ray_pool import compile_on_ray
-from shardscope.golden.worker import DumpResult, StepCase, dump_one, resolve_golden_case, start_worker
+from shardscope.golden.worker import (
+    DumpResult,
+    StepCase,
+    dump_one,
+    resolve_golden_case,
+    start_pool_worker,
+    start_worker,
+)
 from shardscope.plan.json import plan_from_json, plan_to_json
 
 
@@ -95,11 +112,49 @@ def _compile_cases(
         for case in cases:
             yield dump_one(case)
         return
+    yield from _compile_in_processes([cases[i] for i in order], devices, min(jobs, len(cases)))
+
+
+def _compile_in_processes(cases: Sequence[GoldenCase], devices: int, workers: int) -> Iterator[DumpResult]:
     # "spawn": a forked child would inherit the parent's JAX state, if it has any.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(jobs, len(cases)), mp_context=context, initializer=start_worker, initargs=(devices,)
-    ) as pool:
-        futures = [pool.submit(dump_one, cases[i]) for i in order]
-        for future in concurrent.futures.as_completed(futures):
-            yield future.result()
+    started = context.Event()  # set by the first worker that gets past importing the caller's script
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=start_pool_worker, initargs=(devices, started)
+    )
+    with pool:
+        try:
+            futures = [pool.submit(dump_one, case) for case in cases]
+            for future in concurrent.futures.as_completed(futures):
+                yield future.result()
+        except BrokenProcessPool:
+            script = _script_workers_import()
+            if started.is_set() or script is None:
+                raise
+            raise ShardscopeError(
+                f"worker processes ended while starting; each runs {script} again as it starts, so a shardscope "
+                'call with several jobs at its top level must be under `if __name__ == "__main__":` (or use jobs=1)'
+            ) from None
+        except RuntimeError:
+            # A child still running the caller's script (multiprocessing's `_inheriting`, the flag behind its
+            # own RuntimeError) cannot start processes; it can only end. Anything else is raised as it is.
+            if not getattr(multiprocessing.current_process(), "_inheriting", False):
+                raise
+            raise SystemExit(f"shardscope: {_unguarded(sys.argv[0])}") from None
+
+
+def _script_workers_import() -> str | None:
+    """The caller's script that multiprocessing's spawn runs again in each worker (None: none is run)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+        return None  # a package's __main__ (`python -m package`) is not run again
+    return getattr(main, "__file__", None)
+
+
+def _unguarded(script: str) -> str:
+    """Why a child still running the caller's script cannot start workers, and the fix."""
+    return (
+        f"{script} starts shardscope's worker processes at its top level, and each of them runs it again as it "
+        'starts: put that call under `if __name__ == "__main__":` (or use jobs=1)'
+    )

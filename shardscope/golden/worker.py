@@ -4,6 +4,7 @@ or as the one-line reason it could not be planned."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardscope.case.resolve import Case, parse_overrides, resolve_case, resolve_maxtext_case
 from shardscope.case.topology import Topology, get_topology, parse_mesh_arg
@@ -15,6 +16,9 @@ from shardscope.plan.json import plan_to_json
 from shardscope.stages.compiler_log import prepare_compiler_log
 from shardscope.stages.devices import configure_cpu_devices, quiet_libtpu
 from shardscope.stages.user_step import StepRef, parse_step_ref
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,13 @@ def start_worker(devices: int) -> None:
     prepare_compiler_log()
     quiet_libtpu()
     configure_cpu_devices(devices)
+
+
+def start_pool_worker(devices: int, started: Event) -> None:
+    """Prepares a local pool's worker (`start_worker`), first setting `started`: this worker got past
+    importing the caller's script, so a pool that breaks later did not break on that."""
+    started.set()
+    start_worker(devices)
 
 
 def dump_one(case: GoldenCase) -> DumpResult:

@@ -247,8 +247,9 @@ def render_markdown(diff: PlanDiff) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(diff: PlanDiff, path: Path) -> None:
+def write_markdown(diff: PlanDiff, path: str | Path) -> None:
     """Renders the summary and writes it atomically to `path`."""
+    path = Path(path)
     write_atomic(path, render_markdown(diff))
 
 
