@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 
 from shardscope.atomic import remove_pending_writes
 
@@ -52,6 +53,22 @@ def exit_on_interrupt(message: str | None = "shardscope: interrupted") -> None:
         # default (which kills without cleanup) nor raise (which unwinds native code).
         signal.signal(number, _ignore)
     threading.Thread(target=_wait_and_exit, args=(read_end, stderr, message), name="interrupt", daemon=True).start()
+    # A worker process starts with the signals its parent held while starting it (`signals_held`): one that
+    # arrived meanwhile is pending, and is taken now, by the handler above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Holds SIGINT and SIGTERM in this thread while it starts processes: a child inherits the held set, so a
+    Ctrl-C that reaches it while Python is still starting (before it can install `exit_on_interrupt`) waits
+    instead of ending it with a traceback. This process still takes the signal, on another of its threads
+    (the wakeup byte does not care which)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _ignore(_number: int, _frame: object) -> None:

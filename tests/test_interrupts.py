@@ -62,7 +62,7 @@ def _assert_interrupted(code: int, lines: list[str], took: float) -> None:
 
 @pytest.fixture(scope="module")
 def dump_seconds(tmp_path_factory) -> float:
-    """How long a whole dump takes on this machine now: the signals land at fractions of it (3 s and 5 s into
+    """How long a whole dump takes on this machine now: the signals land at fractions of it (3, 5 and 7 s into
     a 10 s dump), so a fast or a loaded machine still interrupts it mid-way, not after it ended."""
     cwd = tmp_path_factory.mktemp("timing")
     env = dict(os.environ, SHARDSCOPE_CACHE_DIR=str(cwd / "cache"))
@@ -78,7 +78,7 @@ def dump_seconds(tmp_path_factory) -> float:
     return time.monotonic() - start
 
 
-@pytest.mark.parametrize("fraction", [0.3, 0.5])
+@pytest.mark.parametrize("fraction", [0.3, 0.5, 0.7])
 @pytest.mark.parametrize("preset", ["ep-tp", "ep-as-dp"])
 def test_ctrl_c_during_a_dump(tmp_path, preset, fraction, dump_seconds):
     out = tmp_path / "plan.json"
@@ -96,12 +96,12 @@ def test_ctrl_c_during_a_dump(tmp_path, preset, fraction, dump_seconds):
     assert not list(tmp_path.glob(".plan.json.*"))
 
 
-@pytest.mark.parametrize("delay", [4, 10])
-def test_ctrl_c_during_a_check_leaves_the_goldens_as_they_were(tmp_path, delay):
+@pytest.mark.parametrize(("command", "delay"), [("check", 3), ("check", 8), ("update", 4), ("update", 10)])
+def test_ctrl_c_during_a_check_leaves_the_goldens_as_they_were(tmp_path, command, delay):
     golden = tmp_path / "golden"
     shutil.copytree(ROOT / "golden", golden)
     before = {p: p.read_bytes() for p in golden.rglob("*") if p.is_file()}
-    code, lines, took = _interrupt(["update", "--golden", str(golden), "--no-cache"], delay, tmp_path)
+    code, lines, took = _interrupt([command, "--golden", str(golden), "--no-cache"], delay, tmp_path)
     _assert_interrupted(code, lines, took)
     after = {p: p.read_bytes() for p in golden.rglob("*") if p.is_file()}
     # Each golden is its old self or its new whole self (an update writes atomically); nothing else appears.
@@ -109,6 +109,7 @@ def test_ctrl_c_during_a_check_leaves_the_goldens_as_they_were(tmp_path, delay):
     assert not list(golden.rglob("*.tmp"))
 
 
-def test_ctrl_c_during_an_advise(tmp_path):
-    code, lines, took = _interrupt(["advise", "deepseek-tiny", "--preset", "ep-tp", "--no-cache"], 6, tmp_path)
+@pytest.mark.parametrize("delay", [3, 6])
+def test_ctrl_c_during_an_advise(tmp_path, delay):
+    code, lines, took = _interrupt(["advise", "deepseek-tiny", "--preset", "ep-tp", "--no-cache"], delay, tmp_path)
     _assert_interrupted(code, lines, took)

@@ -34,6 +34,7 @@ from shardscope.golden.worker import (
     start_pool_worker,
     start_worker,
 )
+from shardscope.interrupts import signals_held
 from shardscope.plan.json import plan_from_json, plan_to_json
 
 
@@ -124,7 +125,8 @@ def _compile_in_processes(cases: Sequence[GoldenCase], devices: int, workers: in
     )
     with pool:
         try:
-            futures = [pool.submit(dump_one, case) for case in cases]
+            with signals_held():  # the workers start here: see `signals_held`
+                futures = [pool.submit(dump_one, case) for case in cases]
             for future in concurrent.futures.as_completed(futures):
                 yield future.result()
         except BrokenProcessPool:
