@@ -9,8 +9,10 @@ from shardscope.case.hardware import load_hardware
 from shardscope.case.lints import LINT_IDS, LINTS, get_lint
 from shardscope.case.rules import Indivisible
 from shardscope.lint.context import LintContext, in_moe_block
+from shardscope.lint.family_names import FAMILY_NAMES
 from shardscope.lint.registry import CHECKS
 from shardscope.lint.run import run_checks, silenced
+from shardscope.lint.unsized_mesh import unsized_mesh_note
 from shardscope.plan import tensor_record
 from shardscope.plan.findings import Finding, sort_findings
 from shardscope.plan.json import finding_from_json, finding_to_json
@@ -39,11 +41,14 @@ def test_every_lint_has_a_check_an_explanation_and_a_severity():
 
 def test_dead_rule_and_its_misspelling_hint():
     ctx = ctx_for(
-        [["embed", ["fsdp"]], ["mpl", ["expert"]], ["qkv", []]],
+        [["embed", ["fsdp"]], ["mpl", ["expert"]], ["scratch_dim", []]],
         {"params/w": ("param", (64, 32), ("embed", "mlp"))},
     )
     found = run("dead-rule", ctx)
-    assert [f.subject for f in found] == ["logical_axis_rules[1] [mpl, ['expert']]", "logical_axis_rules[2] [qkv, []]"]
+    assert [f.subject for f in found] == [
+        "logical_axis_rules[1] [mpl, ['expert']]",
+        "logical_axis_rules[2] [scratch_dim, []]",
+    ]
     assert "did you mean 'mlp'" in found[0].message and found[0].fix == "rename it to 'mlp'"
     assert "did you mean" not in found[1].message
 
@@ -52,10 +57,51 @@ def test_a_name_the_model_only_resolves_keeps_its_rule_alive():
     # The MoE resolves (exp, None, mlp_no_fsdp) to place its expert weights without recording those names.
     rules = [["embed", ["fsdp"]], ["mlp_no_fsdp", ["expert"]]]
     tensors = {"params/w": ("param", (64, 32), ("embed", None))}
-    assert [f.subject for f in run("dead-rule", ctx_for(rules, tensors))] == [
-        "logical_axis_rules[1] [mlp_no_fsdp, ['expert']]"
-    ]
-    assert run("dead-rule", ctx_for(rules, tensors, resolved=frozenset({("exp", None, "mlp_no_fsdp")}))) == []
+    # Unresolved, the rule is dead here; the MoE families use the name, so it is summarised, not warned about.
+    (summary,) = run("rules-for-other-models", ctx_for(rules, tensors))
+    assert "[1] mlp_no_fsdp" in summary.message and run("dead-rule", ctx_for(rules, tensors)) == []
+    resolved = ctx_for(rules, tensors, resolved=frozenset({("exp", None, "mlp_no_fsdp")}))
+    assert run("dead-rule", resolved) == [] and run("rules-for-other-models", resolved) == []
+
+
+# rules-for-other-models
+
+
+def families_of(name: str) -> list[str]:
+    """The families the checked-in table says use a name (what the summary must list)."""
+    return [family for family, names in FAMILY_NAMES.items() if name in names]
+
+
+def test_rules_other_families_use_are_one_info_summary_and_never_renamed():
+    # DeepSeek's layer stacks are moe_layers and dense_layers; `layers` is Llama's and Mixtral's stack.
+    rules = [["embed", ["fsdp"]], ["layers", ["expert"]], ["activation_length_attn", []], ["mlpp", []]]
+    tensors = {"params/moe_layers/w": ("param", (4, 64, 32), ("moe_layers", "embed", "mlp"))}
+    ctx = ctx_for(rules, tensors)
+    (summary,) = run("rules-for-other-models", ctx)
+    assert summary.severity == "info" and summary.subject == "rules for other model families"
+    assert summary.fix.startswith("nothing to fix: the file serves several model families")
+    families = families_of("layers")
+    assert families and families == families_of("activation_length_attn") and "deepseek" not in families
+    assert f"{', '.join(families)}: [1] layers, [2] activation_length_attn" in summary.message
+    assert summary.message.startswith("2 rules name logical names m does not use")
+    # Only the name no family uses is a dead rule; its rename goes towards a name this model uses.
+    (dead,) = run("dead-rule", ctx)
+    assert dead.subject == "logical_axis_rules[3] [mlpp, []]" and dead.fix == "rename it to 'mlp'"
+    # No finding suggests moving `layers` onto the model's own stack name.
+    unmatched = {f.subject: f.message for f in run("unmatched-name", ctx)}
+    assert "may be meant" not in unmatched["logical name 'moe_layers'"]
+    assert "the rule for 'mlpp' may be meant for it" in unmatched["logical name 'mlp'"]
+
+
+def test_a_preset_that_silences_dead_rules_silences_their_summary():
+    rules = [["embed", ["fsdp"]], ["layers", []], ["activation_length_attn", []]]
+    tensors = {"params/w": ("param", (64,), ("embed",))}
+    ctx = ctx_for(rules, tensors)
+    assert {f.lint for f in run_checks(ctx)} == {"rules-for-other-models"}
+    assert run_checks(ctx, preset([], lint={"ignore": ["dead-rule"]}).lint) == ()
+    one = preset(rules, lint={"ignore": [{"id": "dead-rule", "subject": "[layers,"}]})
+    (summary,) = run("rules-for-other-models", LintContext(preset=one, plan=ctx.plan))
+    assert "[2] activation_length_attn" in summary.message and "layers" not in summary.message
 
 
 # shadowed-rule
@@ -108,17 +154,39 @@ def test_absent_axes_are_reported_on_rules_that_apply():
     assert run("absent-axis-rule", ok) == []
 
 
+UNIT_RULES = [["embed", ["stage", "fsdp"]], ["mlp", ["stage"]]]
+UNIT_TENSORS = {"params/w": ("param", (64,), ("embed",)), "params/v": ("param", (32,), ("mlp",))}
+
+
+def unit_ctx(mesh, **sizes) -> LintContext:
+    """The unit-axis case on `mesh`, under a preset that sets `sizes` (none: as a MaxText rule file)."""
+    chosen = preset(UNIT_RULES, ("stage", "fsdp", "expert"), **({"mesh": sizes} if sizes else {}))
+    records = {path: placed(kind, shape, names, chosen, mesh) for path, (kind, shape, names) in UNIT_TENSORS.items()}
+    return LintContext(preset=chosen, plan=plan(records, mesh))
+
+
 def test_unit_axes_on_this_mesh():
-    mesh = (("stage", 1), ("fsdp", 8))
-    tensors = {"params/w": ("param", (64,), ("embed",)), "params/v": ("param", (32,), ("mlp",))}
-    ctx = ctx_for([["embed", ["stage", "fsdp"]], ["mlp", ["stage"]]], tensors, mesh=mesh, mesh_axes=("stage", "fsdp"))
-    found = run("unit-axis-rule", ctx)
+    found = run("unit-axis-rule", unit_ctx((("stage", 1), ("fsdp", 8), ("expert", 1)), fsdp=-1))
     assert [f.severity for f in found] == ["info", "info"]
     assert "here the rule shards 'embed' over fsdp only" in found[0].message
     assert "here the rule replicates 'mlp'" in found[1].message
-    wide_mesh = (("stage", 2), ("fsdp", 4))
-    wide = ctx_for([["embed", ["stage", "fsdp"]]], tensors, mesh=wide_mesh, mesh_axes=("stage", "fsdp"))
-    assert run("unit-axis-rule", wide) == []
+    assert run("unit-axis-rule", unit_ctx((("stage", 2), ("fsdp", 4), ("expert", 1)), fsdp=-1)) == []
+
+
+def test_a_file_without_mesh_sizes_on_the_defaults_gets_one_note_instead():
+    defaults = (("stage", 1), ("fsdp", 8), ("expert", 1))  # FSDP takes every device, as MaxText's defaults
+    ctx = unit_ctx(defaults)
+    assert run("unit-axis-rule", ctx) == []
+    note = unsized_mesh_note(ctx.preset, defaults, "rules.yml")
+    assert note == (
+        "rules.yml sets no mesh sizes: planned on fsdp=8; its rules over stage shard nothing here — size them "
+        "with --mesh, e.g. --mesh stage=2 (MaxText: ici_pipeline_parallelism=2)"
+    )
+    # Sized by the user (--mesh or ici_*_parallelism), the same file gets its per-rule findings and no note.
+    sized = (("stage", 1), ("fsdp", 4), ("expert", 2))
+    assert len(run("unit-axis-rule", unit_ctx(sized))) == 2
+    assert unsized_mesh_note(ctx.preset, sized, "rules.yml") is None
+    assert unsized_mesh_note(unit_ctx(defaults, fsdp=-1).preset, defaults, "rules.yml") is None
 
 
 # indivisible-dim
@@ -306,12 +374,13 @@ def test_plans_that_do_not_fit_the_hardware():
 
 
 def test_silencing_by_lint_and_by_subject():
-    ctx = ctx_for([["embed", ["fsdp"]], ["qkv", []], ["kv", []]], {"params/w": ("param", (64,), ("embed",))})
+    rules = [["embed", ["fsdp"]], ["scratch_dim", []], ["spare_dim", []]]  # names no model uses
+    ctx = ctx_for(rules, {"params/w": ("param", (64,), ("embed",))})
     assert {f.lint for f in run_checks(ctx)} == {"dead-rule"}
-    settings = preset([], lint={"ignore": [{"id": "dead-rule", "subject": "[qkv,"}]}).lint
-    assert [f.subject for f in run_checks(ctx, settings)] == ["logical_axis_rules[2] [kv, []]"]
+    settings = preset([], lint={"ignore": [{"id": "dead-rule", "subject": "[scratch_dim,"}]}).lint
+    assert [f.subject for f in run_checks(ctx, settings)] == ["logical_axis_rules[2] [spare_dim, []]"]
     assert run_checks(ctx, preset([], lint={"ignore": ["dead-rule"]}).lint) == ()
-    finding = Finding("dead-rule", "warning", "logical_axis_rules[2] [kv, []]", "m", "f")
+    finding = Finding("dead-rule", "warning", "logical_axis_rules[2] [spare_dim, []]", "m", "f")
     assert silenced(finding, settings) is False
 
 

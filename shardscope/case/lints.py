@@ -37,8 +37,24 @@ _LINTS = (
         "it (the names the model resolves without recording a tensor count as used, e.g. the MoE's "
         "`(exp, None, mlp_no_fsdp)` placement of its expert weights). Such a rule changes nothing, so a "
         "reviewer who reads it as doing something is misled; often it is a misspelt name (then the model's "
-        "own name is replicated) or a rule written for another model. Delete it, or fix its name (the "
+        "own name is replicated) or a rule written for another model. Rules whose name another model family "
+        "uses are summarised once instead (`rules-for-other-models`). Delete it, or fix its name (the "
         "finding suggests the closest name the model uses).",
+    ),
+    LintInfo(
+        "rules-for-other-models",
+        "info",
+        TRACE,
+        "rules for logical names only other model families use, in one summary",
+        "MaxText's rule files serve every model: a rule for Llama's and Mixtral's grouped-query attention "
+        "(`activation_length_attn`) or for their single layer stack (`layers`) matches no DeepSeek tensor. "
+        "Such a rule is dead for the model linted but not a mistake, so instead of a `dead-rule` warning each, "
+        "these rules are listed once, as information, with the model families whose models use each name "
+        "(shardscope's table of the names every family's tiny model uses, kept in step with the models by a "
+        "test). Nothing to fix: the file serves several model families; lint it with their models to check "
+        "these rules. A rule whose name no family uses stays a `dead-rule` warning, and no finding suggests "
+        "renaming a rule whose name another family uses. A preset that silences `dead-rule` silences this "
+        "summary too.",
     ),
     LintInfo(
         "shadowed-rule",
@@ -82,7 +98,10 @@ _LINTS = (
         "A rule that decides dimensions of the model's tensors names a mesh axis whose size is 1 on the mesh "
         "being planned: that part of the rule shards nothing here (MaxText's rule files name many axes so that "
         "one file serves many meshes). Information, so that nobody reads a sharding into it; when every axis "
-        "of the rule is size 1 the rule replicates what it decides.",
+        "of the rule is size 1 the rule replicates what it decides. A file that sets no mesh sizes (a MaxText "
+        "rule file) planned on MaxText's defaults, where FSDP takes every device, gets one note from `dump` "
+        "and `lint` instead: which axes its rules name that are size 1, and how to size them (`--mesh`, or "
+        "MaxText's `ici_*_parallelism`).",
     ),
     LintInfo(
         "indivisible-dim",

@@ -4,7 +4,7 @@ what it costs, the plan JSON with `-o`, its tables with `--csv`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,6 +27,9 @@ from shardscope.cli.app import (
 )
 from shardscope.cli.case_options import resolve_cli_case
 from shardscope.errors import ShardscopeError
+
+if TYPE_CHECKING:
+    from shardscope.case.resolve import Case
 
 
 @app.command("dump")
@@ -78,6 +81,7 @@ def dump_command(
         check_model_or_step(model, step, preset, mesh, settings, tensors_only)
         if model is not None:
             case = resolve_cli_case(model, preset, topology, mesh, settings, maxtext)
+            print_unsized_mesh_note(case, preset)
         check_writable((output, "-o"), (None if csv is None else csv / "tensors.csv", "--csv"))
         if case is not None:
             check_pricing(case.topology.name, case.mesh, hardware, efficiency)
@@ -119,6 +123,17 @@ def dump_command(
     for label, path in (("plan", output), ("tables", csv)):
         if path is not None:
             console.print(f"{label} written to {path}")
+
+
+def print_unsized_mesh_note(case: Case, preset: str) -> str | None:
+    """For a rule file without mesh sizes planned on MaxText's defaults, the one line (on standard error) saying
+    which of its axes shard nothing and how to size them; returns it (None when there is nothing to say)."""
+    from shardscope.lint.unsized_mesh import preset_label, unsized_mesh_note  # lazy: off the --help path
+
+    note = unsized_mesh_note(case.preset, case.mesh, preset_label(preset, case.preset))
+    if note is not None:
+        typer.echo(f"note: {note}", err=True)
+    return note
 
 
 def check_model_or_step(

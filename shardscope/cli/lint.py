@@ -22,6 +22,7 @@ from shardscope.cli.app import (
     quiet_compiler_logs,
 )
 from shardscope.cli.case_options import resolve_cli_case
+from shardscope.cli.dump import print_unsized_mesh_note
 from shardscope.errors import ShardscopeError
 
 FAIL_ON = ("info", "warning", "error")
@@ -72,6 +73,7 @@ def lint_command(
         from shardscope.case.topology import with_slices  # lazy: off the --help path (no JAX)
 
         case = resolve_cli_case(model, preset, with_slices(topology, slices), mesh, settings, maxtext)
+        mesh_note = print_unsized_mesh_note(case, preset)
         target = None
         if hardware is not None:
             from shardscope.case.hardware import load_hardware  # lazy: off the --help path (no JAX)
@@ -102,7 +104,7 @@ def lint_command(
                 *case.preset.lint.ignore,
                 *({"id": lint, "subject": text} for lint, text in case.preset.lint.ignore_subjects),
             ],
-            "notes": list(report.notes),
+            "notes": [*report.notes, *([mesh_note] if mesh_note else [])],
         }
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:

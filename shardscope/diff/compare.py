@@ -102,7 +102,8 @@ def compare_plans(plans: Sequence[Plan], names: Sequence[str] | None = None) -> 
         frame.loc[[i for i in frame.index if unmatched[i]], "axes"] = UNMATCHED
         traffic.append(frame)
     moves = pd.concat(traffic, ignore_index=True) if traffic else pd.DataFrame()
-    rows: list[ComparisonRow] = []
+    # What decides between presets leads: the estimated step and HBM need (when priced), then what they move.
+    rows: list[ComparisonRow] = _estimate_rows(plans, names)
     compiled = [plan.holds("collectives") for plan in plans]
     if any(compiled):
         totals = tuple(
@@ -134,7 +135,6 @@ def compare_plans(plans: Sequence[Plan], names: Sequence[str] | None = None) -> 
         }
     )
     rows += _section_rows("tensor bytes", kinds.reindex(columns=list(names)).fillna(0.0), names)
-    rows += _estimate_rows(plans, names)
     return Comparison(names=names, plans=tuple(plans), rows=tuple(rows))
 
 
@@ -167,6 +167,6 @@ def _estimate_rows(plans: Sequence[Plan], names: Sequence[str]) -> list[Comparis
         {name: {**dict(e.memory.categories), "total": e.memory.total} for name, e in estimates.items()}
     )
     rows = _section_rows("estimated time", totals.reindex(columns=list(names)), names)
-    rows += _section_rows("estimated time per mesh axis", axes.reindex(columns=list(names)).fillna(0.0), names)
     rows += _section_rows("estimated HBM need", memory.reindex(columns=list(names)), names)
+    rows += _section_rows("estimated time per mesh axis", axes.reindex(columns=list(names)).fillna(0.0), names)
     return rows

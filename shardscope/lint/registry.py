@@ -10,6 +10,7 @@ from shardscope.lint.remat import check_remat
 from shardscope.lint.rule_checks import (
     check_absent_axes,
     check_dead_rules,
+    check_rules_for_other_models,
     check_shadowed_rules,
     check_unit_axes,
     check_unmatched_names,
@@ -31,6 +32,7 @@ Check = Callable[[LintContext], Iterable[Finding]]
 
 CHECKS: dict[str, Check] = {
     "dead-rule": check_dead_rules,
+    "rules-for-other-models": check_rules_for_other_models,
     "shadowed-rule": check_shadowed_rules,
     "unmatched-name": check_unmatched_names,
     "absent-axis-rule": check_absent_axes,

@@ -58,15 +58,22 @@ def headline_sections(diff: PlanDiff) -> tuple[HeadlineSection, ...]:
         if diff.traffic_compared
         else ()
     )
+    memory = (
+        (
+            HeadlineSection(
+                "Memory per device",
+                paired(
+                    [(name.removesuffix("_bytes"), size) for name, size in diff.memory_before],
+                    [(name.removesuffix("_bytes"), size) for name, size in diff.memory_after],
+                ),
+            ),
+        )
+        if diff.memory_before or diff.memory_after  # the compiler's figures: none without a compile
+        else ()
+    )
     return (
         *traffic,
-        HeadlineSection(
-            "Memory per device",
-            paired(
-                [(name.removesuffix("_bytes"), size) for name, size in diff.memory_before],
-                [(name.removesuffix("_bytes"), size) for name, size in diff.memory_after],
-            ),
-        ),
+        *memory,
         HeadlineSection(
             "Tensor bytes per device",
             paired([(k, b) for k, _, b in diff.kinds_before], [(k, b) for k, _, b in diff.kinds_after]),
