@@ -7,6 +7,7 @@ option, a missing argument) are held to the same rule as every other wrong input
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -201,6 +202,15 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("collectives", "headerless.hlo", "--mesh", "fsdp=-1"), "does not say how many devices"),
     (("collectives", "four.hlo", "--mesh", "fsdp=four"), "fsdp=four"),
     (("collectives", "twice.hlo"), "a second 'HloModule' header"),
+    # why
+    (("why", "existing.json", "--op", "all-gathr"), "did you mean 'all-gather'"),
+    (("why", "existing.json", "--axes", "fsdpp"), "did you mean 'fsdp'"),
+    (("why", "four.hlo"), "is an HLO module, not a plan"),
+    (("why", "uncaused.json"), "records no causes"),
+    (("why", "corrupt.json"), "corrupt plan"),
+    (("why", "tensors_only.json"), "holds tensors only"),
+    # import-maxtext
+    (("import-maxtext", "empty"), "not a MaxText sharding dump"),
     # usage
     (("dump", "deepseek-tiny", "--presets", "default"), "No such option: --presets"),
     (("explain",), "Missing argument"),
@@ -223,6 +233,14 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "headerless.hlo").write_text(FOUR_DEVICES.partition("\n")[2])
     (tmp_path / "twice.hlo").write_text(FOUR_DEVICES + FOUR_DEVICES)
     (tmp_path / "empty").mkdir()
+    plan = json.loads((GOLDEN / "default.json").read_text())
+    for row in plan["collectives"]:
+        row.pop("cause", None)  # as a plan made before causes were recorded
+    (tmp_path / "uncaused.json").write_text(json.dumps(plan))
+    tensors_only = {key: plan[key] for key in ("case", "provenance", "schema", "tensors")}
+    (tmp_path / "tensors_only.json").write_text(
+        json.dumps(tensors_only | {"collectives": [], "memory": {}, "parts": ["tensors"]})
+    )
     (tmp_path / "golden").mkdir()
     (tmp_path / "golden" / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: default}\n")
     (tmp_path / "priced").mkdir()
