@@ -51,8 +51,10 @@ def test_a_command_line_plans_the_same_case_as_presets_mesh_and_settings():
         "cpu-8",
         {"data": 1, "stage": 1, "fsdp": 4, "expert": 2},
         {"model.seq_len": "32", "model.per_device_batch": "1", "model.global_batch": "0"}
-        # How the step runs, MaxText's defaults (base.yml): its attention kernel, bfloat16, full remat.
-        | {"model.attention_kernel": "autoselected", "model.dtype": "bfloat16", "model.remat": "full"},
+        # How the step runs, MaxText's defaults (base.yml): its attention kernel, bfloat16, full remat, and
+        # its dropless MoE as capacity factor 1.
+        | {"model.attention_kernel": "autoselected", "model.dtype": "bfloat16", "model.remat": "full"}
+        | {"model.capacity_factor": "1"},
     )
     assert case == same
     assert plan_to_json(plan_case(case, tensors_only=True)) == plan_to_json(plan_case(same, tensors_only=True))
@@ -95,6 +97,11 @@ def test_keys_that_change_the_step_but_are_not_modelled_are_named():
     # MaxText's own defaults that the plan departs from are said too.
     run = maxtext_run("", "mixtral-tiny", ("fsdp",), 8, 1, True)
     assert any("sparse_matmul" in w for w in run.warnings)
+    # Dropless: every routed token computed once, the expert FLOPs of capacity factor 1.
+    assert dict(run.settings)["model.capacity_factor"] == "1"
+    given = maxtext_run("capacity_factor=1.25", "mixtral-tiny", ("fsdp",), 8, 1, True)
+    assert dict(given.settings)["model.capacity_factor"] == "1.25"
+    assert not any("sparse_matmul" in w for w in given.warnings)
     assert dict(run.settings)["model.attention_kernel"] == "autoselected"  # base.yml's default, modelled
     assert not any("sparse_matmul" in w for w in maxtext_run("", "m", ("fsdp",), 8, 1, False).warnings)
 

@@ -120,6 +120,15 @@ def test_every_published_slice_size_is_a_topology():
     for too_big in ("v4-16384", "v5p-18432", "v6e-512"):
         with pytest.raises(ShardscopeError, match="not a standard"):
             parse_tpu_slice(too_big)
+    # Between the table's sizes, a 3D slice is whole 4x4x4 cubes, arranged as close to a cube as they go.
+    for name, shape in (("v5p-1536", "8x8x12"), ("v4-3072", "8x12x16"), ("tpu7x-1536", "8x8x12")):
+        described = parse_tpu_slice(name)
+        dims = [int(d) for d in shape.split("x")]
+        assert described.topology_name.endswith(f":{shape}") and all(d % 4 == 0 for d in dims)
+        chips = dims[0] * dims[1] * dims[2]
+        assert described.num_devices == chips * (2 if name.startswith("tpu7x") else 1)
+    with pytest.raises(ShardscopeError, match="whole 4x4x4 cubes"):
+        parse_tpu_slice("v5p-96")  # 48 chips: neither a listed slice nor whole cubes
 
 
 def test_xla_flags_are_options_of_the_tpu_compile(tmp_path):

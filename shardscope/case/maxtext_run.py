@@ -276,9 +276,15 @@ def _settings(
             settings.update(default)
             defaulted.update(default)
     if moe and values.get("sparse_matmul", True) and "capacity_factor" not in values:
+        # Dropless, every routed token is computed once: tokens × k rows in all, the FLOPs of exactly
+        # k·tokens/experts slots per expert, i.e. capacity factor 1 (at balanced routing; a capacity-padded
+        # MoE at the flavor's 1.25 would plan a quarter more expert work than MaxText runs).
+        settings["model.capacity_factor"] = "1"
+        defaulted.add("model.capacity_factor")
         warnings.append(
-            "MaxText's dropless sparse_matmul MoE is not modelled: the MoE is planned capacity-padded with the "
-            "flavor's capacity_factor (set capacity_factor=… to choose it)"
+            "MaxText's dropless sparse_matmul MoE is planned as capacity factor 1 (each routed token computed "
+            "once: its expert FLOPs at balanced routing; the grouped-matmul kernels themselves are not modelled; "
+            "set capacity_factor=… to choose another)"
         )
     return settings, warnings, defaulted
 

@@ -24,6 +24,24 @@ _SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 
 _SHAPES_3D |= {512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16), 6144: (16, 16, 24)}
 _SHAPES_3D |= {8960: (16, 20, 28), 9216: (16, 24, 24)}
 _SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+_CUBE = 64  # chips of one 4x4x4 cube: a 3D slice past one cube is whole cubes
+
+
+def _cube_shape(chips: int) -> tuple[int, int, int] | None:
+    """The torus shape of a 3D slice of whole 4x4x4 cubes that no table entry names (v5p-1536: 12 cubes as
+    8x8x12): the cubes arranged as close to a cube as they go, dimensions ascending; None for other counts."""
+    if chips < _CUBE or chips % _CUBE:
+        return None
+    cubes = chips // _CUBE
+    best: tuple[int, int, int] | None = None
+    for a in range(1, round(cubes ** (1 / 3)) + 2):
+        for b in range(a, int(cubes**0.5) + 2):
+            if cubes % (a * b) or cubes // (a * b) < b:
+                continue
+            shape = (a, b, cubes // (a * b))
+            if best is None or shape[2] - shape[0] < best[2] - best[0]:
+                best = shape
+    return None if best is None else (4 * best[0], 4 * best[1], 4 * best[2])
 
 
 @dataclass(frozen=True)
@@ -97,10 +115,11 @@ def parse_tpu_slice(name: str) -> TpuSlice:
     generation = GENERATIONS[product]
     chips = number // 2 if generation.counts_cores else number
     shapes = _SHAPES_3D if generation.torus_3d else _SHAPES_2D
-    if (generation.counts_cores and number % 2) or chips not in shapes or chips > generation.max_chips:
+    shape = shapes.get(chips) or (_cube_shape(chips) if generation.torus_3d else None)
+    if (generation.counts_cores and number % 2) or shape is None or chips > generation.max_chips:
         sizes = ", ".join(n for n in known_tpu_names() if n.startswith(f"{product}-"))
-        raise ShardscopeError(f"topology {name!r}: not a standard {product} slice (known: {sizes})")
-    shape = shapes[chips]
+        cubes = f"; or whole 4x4x4 cubes ({_CUBE} chips each)" if generation.torus_3d else ""
+        raise ShardscopeError(f"topology {name!r}: not a standard {product} slice (known: {sizes}{cubes})")
     # Which dimensions close their rings with wraparound links is the generation's published rule (whole
     # 4x4x4 cubes on v4/v5p/TPU7x, dimensions of 16 on v5e/v6e), kept with its sources in the hardware table.
     wrap = (*load_hardware(product).wraps(tuple(shape)), False, False)[:3]
