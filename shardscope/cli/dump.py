@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from shardscope.case.resolve import Case
 
 
+PREDICTED_NOTE = (
+    "note: collectives predicted from the placement, not compiled (weight gathers, gradient sums, MoE all-to-alls;"
+    " activation reshards and pipeline transfers are not predicted yet)"
+)
+
+
 @app.command("dump")
 def dump_command(
     model: Annotated[
@@ -54,6 +60,13 @@ def dump_command(
     tensors_only: Annotated[
         bool,
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
+    ] = False,
+    predicted: Annotated[
+        bool,
+        typer.Option(
+            "--predicted",
+            help="Trace tensors only (as --tensors-only) and predict the collectives from the placement (no compile).",
+        ),
     ] = False,
     no_cache: NoCacheOption = False,
     hardware: HardwareOption = None,
@@ -78,7 +91,9 @@ def dump_command(
     case = None
     try:
         topology = with_slices(topology, slices)
-        check_model_or_step(model, step, preset, mesh, settings, tensors_only)
+        check_model_or_step(model, step, preset, mesh, settings, tensors_only or predicted)
+        if predicted and tensors_only:
+            raise ShardscopeError("--predicted traces tensors only already and adds collectives: drop --tensors-only")
         if model is not None:
             case = resolve_cli_case(model, preset, topology, mesh, settings, maxtext)
             print_unsized_mesh_note(case, preset)
@@ -94,7 +109,11 @@ def dump_command(
 
             planned = plan_step_ref(parse_step_ref(step or ""), get_topology(topology), name)
         else:
-            planned = plan_resolved_case(case, tensors_only, use_cache=not no_cache)
+            planned = plan_resolved_case(case, tensors_only or predicted, use_cache=not no_cache)
+        if predicted:
+            from shardscope.predict import predicted_plan  # lazy: off the --help path
+
+            planned = predicted_plan(planned)
         plan = price_plan(planned, hardware, efficiency)
     except ShardscopeError as err:
         fail(err)
@@ -114,6 +133,8 @@ def dump_command(
 
     console = make_console()
     console.print(plan_summary(plan))
+    if predicted:
+        console.print(PREDICTED_NOTE)
     absent = absent_rule_axes(case.preset) if case is not None else ()
     if absent:
         console.print(

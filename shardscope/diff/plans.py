@@ -228,9 +228,11 @@ def _diff_findings(old: Plan, new: Plan, compiled: bool) -> tuple[list[Change], 
 
 def holds(plan: Plan) -> str:
     """What a plan holds, in a few words for its header."""
-    imported = dict(plan.provenance).get("source") == "maxtext sharding dump"
-    if imported:
+    provenance = dict(plan.provenance)
+    if provenance.get("source") == "maxtext sharding dump":
         return "MaxText's dump, tensors only"
+    if provenance.get("predicted"):
+        return "collectives predicted, nothing compiled"
     return "compiled" if plan.holds("collectives") else "tensors only"
 
 

@@ -28,8 +28,6 @@ from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
     TENSOR_MARKS,
     case_title,
-    collective_axes,
-    collective_shape,
     cost_lines,
     delta_text,
     dim_phrases,
@@ -37,8 +35,6 @@ from shardscope.report.diff_terminal import (
     preset_origin,
     seconds_delta,
     side_spec,
-    signed_bytes,
-    stat_text,
     summary_counts,
     tensor_bytes,
     trend,
@@ -48,13 +44,12 @@ from shardscope.report.diff_terminal import (
 )
 from shardscope.report.estimate_text import cost_rows, memory_source_label, route_label, target_label
 from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
+from shardscope.report.html_collectives import collective_groups, collective_rows, top_collectives
 from shardscope.report.layout import spec_text
-from shardscope.report.rule_changes import explained_groups
 from shardscope.report.svg import paired_bars, stacked_against_capacity
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Collective row classes, so that added/removed/changed rows read like a code diff.
-ROW_CLASS = {"collective_removed": "del", "collective_added": "add", "collective_changed": "chg"}
 
 
 @cache
@@ -235,98 +230,6 @@ def _tensor_sections(diff: PlanDiff) -> list[dict[str, Any]]:
     ]
 
 
-def _collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
-    rows = []
-    for change in changes:
-        row = change.after if change.after is not None else change.before
-        moved = {f.field for f in change.fields}
-        rows.append(
-            {
-                "mark": COLLECTIVE_MARKS[change.kind],
-                "cls": ROW_CLASS[change.kind],
-                "op": row["op"],
-                "axes": collective_axes(row),
-                "pass": row["pass"],
-                "source": row["source"] or "(top level)",
-                "shape": collective_shape(row),
-                "why": _why_text(row.get("cause")),
-                "stats": [
-                    {"text": stat_text(change, name), "moved": name in moved}
-                    for name in ("count", "bytes", "loop_trips", "traffic")
-                ],
-            }
-        )
-    return rows
-
-
-def _why_text(cause: Any) -> str:
-    """A collective's cause in one line, for the row's tooltip ("" without one)."""
-    if not cause:
-        return ""
-    rules = "; ".join(f"{r['logical']} → {'+'.join(r['axes'])}" for r in cause["rules"]) or "compiler's choice"
-    where = f" at {cause['line']}" if cause.get("line") else ""
-    return f"moves {', '.join(cause['tensors']) or '?'}; needed by {cause['consumer']}{where}; rule: {rules}"
-
-
-def _traffic_delta(change: Change) -> int:
-    def side(row: Any) -> int:
-        return int(row["traffic"]) if isinstance(row, dict) and row.get("traffic") is not None else 0
-
-    return side(change.after) - side(change.before)
-
-
-TOP_CHANGES = 5  # collective changes on the report's first screen
-
-
-def _top_collectives(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str, Any]]:
-    """The largest collective changes by traffic, each with the rule change that caused it (first screen)."""
-    why = {
-        subject: f"{rule.logical}: {rule.move}" if rule.move else rule.title
-        for rule in diff.rule_changes
-        for subject in rule.collectives
-    }
-    why |= {subject: "compiler's choice" for subject in diff.compilers_choices}
-    ranked = sorted(changes, key=lambda c: -abs(_traffic_delta(c)))[:TOP_CHANGES]
-    rows = []
-    for change, row in zip(ranked, _collective_rows(ranked), strict=True):
-        delta = _traffic_delta(change)
-        rows.append(
-            row
-            | {"delta": signed_bytes(delta), "trend": "up" if delta > 0 else "down", "why": why.get(change.subject, "")}
-        )
-    return rows
-
-
-def _collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str, Any]]:
-    """The collective changes grouped under the rule changes that caused them, then the compiler's choices
-    (one group of every change when the plans record no causes)."""
-    groups = explained_groups(diff)
-    if not groups:
-        return [
-            {"title": "", "logical": "", "move": "", "traffic": "", "placed": "", "is_rule": False}
-            | {"rows": _collective_rows(changes)}
-        ]
-    by_subject = {c.subject: c for c in changes}
-
-    def ranked(subjects: list[str]) -> list[Change]:
-        # Largest traffic move first within a group (the groups come ordered the same way).
-        found = [by_subject[s] for s in subjects if s in by_subject]
-        return sorted(found, key=lambda c: -abs(_traffic_delta(c)))
-
-    return [
-        {
-            "title": group.title,
-            "logical": group.logical,
-            "move": group.move,
-            "traffic": group.traffic,
-            "placed": group.placed,
-            "is_rule": group.is_rule,
-            "rows": _collective_rows(ranked([subject for _, subject, _ in group.rows])),
-        }
-        for group in groups
-    ]
-
-
 def _unchanged_tensor(path: str, tensor: TensorRecord) -> dict[str, str]:
     return {
         "path": path,
@@ -454,9 +357,9 @@ def view_model(diff: PlanDiff) -> dict[str, Any]:
         "tensor_sections": tensor_sections,
         "tensor_rows": sum(s["shown"] for s in tensor_sections),
         "tensor_changes": len(diff.of_kind(*TENSOR_CHANGE_KINDS)),
-        "collectives": _collective_rows(collectives),
-        "collective_groups": _collective_groups(diff, collectives),
-        "top_collectives": _top_collectives(diff, collectives),
+        "collectives": collective_rows(collectives),
+        "collective_groups": collective_groups(diff, collectives),
+        "top_collectives": top_collectives(diff, collectives),
         "collective_marks": {m: sum(1 for c in collectives if COLLECTIVE_MARKS[c.kind] == m) for m in "+−~"},
         "unchanged_tensors": [_unchanged_tensor(p, t) for p, t in diff.unchanged_tensors],
         "unchanged_collectives": [_unchanged_collective(r) for r in diff.unchanged_collectives],

@@ -1,0 +1,65 @@
+"""The MoE token all-to-alls of the all_to_all strategy (`reference_models/moe.py` `all_to_all_body`).
+
+Each device scatters its tokens into per-expert slots [experts, capacity, embed] and exchanges them with the
+devices that hold those experts, over the expert-parallel axes that also split the tokens; the experts'
+outputs come back the same way: 2 all-to-alls per MoE layer forward, and in the backward pass 4 (the
+remat's recomputed 2, and their transposes). Capacity is taken as dropless (every local token), which is what
+the tiny models use: a capacity factor lives in the model config, not in the plan.
+"""
+
+from __future__ import annotations
+
+from shardscope.case.rules import Rule, entry_axes
+from shardscope.plan.document import Plan
+from shardscope.plan.records import Cause, CollectiveRow
+from shardscope.predict.layout import Weight, in_mesh_order, nbytes
+from shardscope.predict.rules import rules_on
+
+FORWARD_EXCHANGES = 2  # tokens to the experts, outputs back
+
+
+def moe_exchanges(
+    plan: Plan, experts: tuple[Weight, ...], rules: tuple[Rule, ...], remat: bool
+) -> tuple[CollectiveRow, ...]:
+    """One forward and one backward all-to-all row per MoE block (the module holding expert weights)."""
+    tensors = plan.tensor_map
+    rows: list[CollectiveRow] = []
+    for module in sorted({w.module for w in experts}):
+        weight = next(w for w in experts if w.module == module)
+        inputs_path = f"activations/{module}/inputs"
+        inputs = tensors.get(inputs_path)
+        if inputs is None or weight.record.logical is None:
+            continue
+        # Tokens travel over the axes that split both the experts and the tokens (any token dimension).
+        split_tokens = {axis for entry in inputs.spec[:-1] for axis in entry_axes(entry)}
+        exchange = in_mesh_order(plan, set(weight.kept_axes) & split_tokens)
+        if not exchange:
+            continue  # experts not split, or split on axes that do not split the tokens: no exchange
+        num_experts = weight.record.shape[weight.record.logical.index("exp")]
+        local_tokens = 1
+        for size in inputs.shard_shape[:-1]:
+            local_tokens *= size
+        slots = (num_experts, local_tokens, inputs.shape[-1])
+        cause = Cause(
+            tensors=(inputs_path,),
+            consumer=f"{module}/all_to_all",
+            line=None,
+            rules=rules_on(plan, inputs_path, inputs, exchange, rules),
+        )
+        backward = 2 * FORWARD_EXCHANGES if remat else FORWARD_EXCHANGES
+        for pass_, count in (("forward", FORWARD_EXCHANGES), ("backward", backward)):
+            rows.append(
+                CollectiveRow(
+                    op="all-to-all",
+                    axes=exchange,
+                    dtype=inputs.dtype,
+                    shape=slots,
+                    bytes=nbytes(slots, inputs.dtype),
+                    count=count,
+                    loop_trips=weight.loop_trips,
+                    pass_=pass_,
+                    source=module,
+                    cause=cause,
+                )
+            )
+    return tuple(rows)

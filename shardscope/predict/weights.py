@@ -1,0 +1,74 @@
+"""A weight's collectives: its all-gather per layer, and its gradient's sum over the data-parallel axes.
+
+FSDP keeps each weight split and gathers the per-layer slice where a layer uses it; with remat the backward
+pass recomputes the layer and gathers it again. Each device's gradient of that slice is partial (it saw only
+its share of the batch) and is summed over the batch axes: on the compiled goldens, CPU and TPU alike, as an
+all-reduce of the whole per-layer gradient (the compiler often combines several into one row; the traffic per
+axis is what the prediction keeps).
+"""
+
+from __future__ import annotations
+
+from shardscope.case.rules import Rule
+from shardscope.plan.document import Plan
+from shardscope.plan.records import Cause, CollectiveRow, RuleCause
+from shardscope.predict.layout import Weight, in_mesh_order, nbytes
+from shardscope.predict.rules import rules_on
+
+
+def weight_gathers(plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: bool) -> tuple[CollectiveRow, ...]:
+    """The forward all-gather of the weight's per-layer slice over the axes that split it, and with remat the
+    same again in the backward pass; () for a weight no axis splits (expert dims stay split)."""
+    axes = weight.gathered_axes
+    if not axes:
+        return ()
+    cause = Cause(
+        tensors=(weight.path,),
+        consumer=f"{weight.module}/dot_general",
+        line=None,
+        rules=rules_on(plan, weight.path, weight.record, axes, rules),
+    )
+    passes = ("forward", "backward") if remat else ("forward",)
+    return tuple(
+        CollectiveRow(
+            op="all-gather",
+            axes=axes,
+            dtype=weight.record.dtype,
+            shape=weight.layer_shape,
+            bytes=nbytes(weight.layer_shape, weight.record.dtype),
+            count=1,
+            loop_trips=weight.loop_trips,
+            pass_=pass_,
+            source=weight.module,
+            cause=cause,
+        )
+        for pass_ in passes
+    )
+
+
+def gradient_sum(
+    plan: Plan, weight: Weight, batch: tuple[str, ...], batch_rules: tuple[RuleCause, ...]
+) -> tuple[CollectiveRow, ...]:
+    """The all-reduce of the weight's per-layer gradient over the token axes. Not over the axes it stays split
+    on (an expert's tokens came to its devices; a tensor-parallel slice sees every token), nor over pipeline
+    stages (each stage owns its layers)."""
+    axes = in_mesh_order(plan, set(batch) - set(weight.kept_axes) - set(weight.stack_axes))
+    if not axes:
+        return ()
+    cause = Cause(
+        tensors=(f"grads/{weight.path}",), consumer=f"{weight.module}/dot_general", line=None, rules=batch_rules
+    )
+    return (
+        CollectiveRow(
+            op="all-reduce",
+            axes=axes,
+            dtype=weight.record.dtype,
+            shape=weight.layer_shape,
+            bytes=nbytes(weight.layer_shape, weight.record.dtype),
+            count=1,
+            loop_trips=weight.loop_trips,
+            pass_="backward",
+            source=weight.module,
+            cause=cause,
+        ),
+    )
