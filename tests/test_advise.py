@@ -6,12 +6,15 @@ import csv
 import dataclasses
 import io
 import json
+import re
 import sys
+import time
 from importlib import resources
 
 import pytest
 import yaml
 
+from shardscope.advise.advice import SweepProgress
 from shardscope.advise.export import CSV_COLUMNS, advice_to_csv, advice_to_json
 from shardscope.advise.prune import INDIVISIBLE, MEMORY
 from shardscope.advise.rank import compiled_candidates
@@ -238,3 +241,94 @@ def test_the_command_prints_a_ranked_table_and_writes_every_format(exhaustive, t
     data = json.loads(capsys.readouterr().out)
     assert data["ranking"][0]["command"] == best.command
     assert dataclasses.asdict(best.candidate)["preset"] == "ep-tp"
+
+
+# Held so that ep-as-cp searches only fsdp=8, where it places every tensor as pure-fsdp does (expert=1).
+ONLY_FSDP = (("data", 1), ("stage", 1), ("expert", 1))
+
+
+def test_presets_that_place_alike_are_compiled_once(tmp_path, monkeypatch):
+    from shardscope.golden import runner
+
+    monkeypatch.setenv("SHARDSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    compiled = []
+    compile_one = runner.dump_one
+
+    def counting(case):
+        compiled.append(case.preset)
+        return compile_one(case)
+
+    monkeypatch.setattr(runner, "dump_one", counting)
+    request = SweepRequest("mixtral-tiny", "cpu-8", ("pure-fsdp", "ep-as-cp"), pinned=ONLY_FSDP, hardware="v5p")
+    both = advise(request, jobs=1)
+    assert compiled == ["pure-fsdp"]
+    assert (both.enumerated, both.compiled, both.cached, both.same_program) == (2, 1, 0, 1)
+    (row,) = both.ranking
+    assert row.candidate.preset == "pure-fsdp" and row.same_program == ("ep-as-cp",)
+    # What it shares is what compiling ep-as-cp on its own gives.
+    (own,) = advise(request_for("mixtral-tiny", "ep-as-cp", pinned=ONLY_FSDP), jobs=1).ranking
+    assert compiled == ["pure-fsdp", "ep-as-cp"]
+    assert row.step_expected == pytest.approx(own.step_expected, rel=1e-9) and row.hbm_need == own.hbm_need
+    assert [(a, o) for a, o, _ in row.by_collective] == [(a, o) for a, o, _ in own.by_collective]
+    # Run again, the group comes from the cache as a whole.
+    again = advise(request, jobs=1)
+    assert len(compiled) == 2 and (again.compiled, again.cached, again.same_program) == (0, 1, 1)
+    assert figures(again) == figures(both)
+
+
+def test_the_same_placement_under_other_settings_is_another_program():
+    """Everything the compile reads besides placement keeps candidates apart, even where every tensor is
+    placed alike; a preset that differs only in what the compile never reads does not."""
+    from shardscope.advise.programs import program_key
+    from shardscope.advise.template import load_template, template_case
+    from shardscope.case.resolve import resolve_case
+    from shardscope.case.topology import get_topology
+
+    def placed_and_key(preset: str, settings: dict[str, str]):
+        template = load_template(template_case("mixtral-tiny", preset, "cpu-8", {}), get_topology("cpu-8"))
+        mesh = {axis: 8 if axis == "fsdp" else 1 for axis in get_preset(preset).mesh_axes}
+        case = resolve_case("mixtral-tiny", preset, "cpu-8", mesh, settings)
+        placed = template.place(case.mesh, pipelined=False)
+        return [(path, t.spec) for path, t in placed.tensors], program_key(case, template, placed)
+
+    specs, key = placed_and_key("ep-as-cp", {})
+    assert placed_and_key("pure-fsdp", {}) == (specs, key)
+    others = [
+        ("ep-as-cp", {"model.remat": "none"}),
+        ("ep-as-cp", {"moe": "ring"}),
+        ("ep-as-cp", {"shard_mode": "explicit"}),
+        ("explicit-pipeline", {}),  # the same rules on this mesh, but explicit axes (its pipeline is off)
+    ]
+    for preset, settings in others:
+        other_specs, other_key = placed_and_key(preset, settings)
+        assert other_specs == specs, (preset, settings)
+        assert other_key != key, (preset, settings)
+
+
+def test_a_piped_advise_prints_a_line_per_tenth_of_its_plans(monkeypatch, capsys):
+    argv = ["shardscope", "advise", "mixtral-tiny", "-p", "pure-fsdp", "-p", "ep-as-cp", "--mesh", "data=1,stage=1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--hardware", "v5p"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0
+    captured = capsys.readouterr()
+    # Five candidates, four programs (pure-fsdp and ep-as-cp are one on fsdp=8): a line per plan, nothing else.
+    line = re.compile(r"advise: (\d+)% \((\d) of 4 plans done, (\d+ min )?\d+ s\)")
+    lines = [line.fullmatch(text) for text in captured.err.splitlines()]
+    assert all(lines), captured.err
+    assert [(int(m[1]), int(m[2])) for m in lines if m] == [(25, 1), (50, 2), (75, 3), (100, 4)]
+    assert "5 candidates" in captured.out and "the same compiled program under ep-as-cp" in captured.out
+
+
+@pytest.mark.parametrize("total", [1, 3, 10, 19, 37, 1000])
+def test_piped_progress_is_at_most_ten_lines(total, capsys):
+    from shardscope.cli.advise import _piped_progress
+
+    tick = _piped_progress(time.monotonic() - 75)
+    for done in range(1, total + 1):
+        tick(SweepProgress(done, total, 0, None, f"candidate {done}"))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == min(total, 10)
+    assert lines[-1] == f"advise: 100% ({total} of {total} plans done, 1 min 15 s)"
+    percents = [int(line.removeprefix("advise: ").split("%")[0]) for line in lines]
+    assert percents == sorted(set(percents)) and all(p >= 10 for p in percents)

@@ -34,7 +34,8 @@ class SweepRequest:
 
 @dataclass(frozen=True)
 class SweepProgress:
-    """Where a sweep stands: candidates finished of those to compile, and the best that fits so far."""
+    """Where a sweep stands: programs finished of those to compile (one per group of candidates that are one
+    program), and the best that fits so far."""
 
     done: int
     total: int
@@ -59,6 +60,7 @@ class Advice:
     compiled: int  # compiled in this run
     cached: int  # read from the plan cache
     seconds: float  # wall time
+    same_program: int = 0  # screened in, but the same program as another candidate: its plan, not compiled
 
     @property
     def pruned(self) -> tuple[Screening, ...]:

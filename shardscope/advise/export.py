@@ -67,6 +67,7 @@ def counts(advice: Advice) -> dict[str, Any]:
         "pruned": {v: advice.pruned_by(v) for v in (INVALID, INDIVISIBLE, MEMORY)},
         "compiled": advice.compiled,
         "cached": advice.cached,
+        "same_program": advice.same_program,
         "failed": len(advice.failed),
         "fit": len(advice.ranking),
         "over_capacity": len(advice.over_capacity),

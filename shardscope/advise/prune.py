@@ -9,7 +9,8 @@ Three checks, cheapest first, each one the compile's own rule or a bound below t
     from the TPU compiler, the bound is the step's arguments (params, optimizer state, inputs), which the
     compiled program holds in full; where the cost model estimates memory from the tensors (a CPU plan
     priced as a TPU), the bound is that very estimate computed from the placed template.
-Every candidate these checks pass is compiled; none they reject could have ranked (it fails or does not
+Every candidate these checks pass is compiled, once per program (`advise.programs`: a candidate that places
+everything as an earlier one does shares its plan); none they reject could have ranked (it fails or does not
 fit), which the exhaustive-search test checks on the tiny models.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shardscope.advise.programs import UNKNOWN, program_key
 from shardscope.advise.space import Candidate
 from shardscope.advise.template import Template, placed_plan
 from shardscope.case.hardware import Hardware
@@ -43,6 +45,7 @@ class Screening:
     verdict: str  # COMPILE or one of PRUNED
     reason: str = ""
     memory_bound: int | None = None  # bytes per device (None: not reached)
+    program: str = UNKNOWN  # its program key (`advise.programs`); UNKNOWN for an invalid candidate
 
 
 @dataclass(frozen=True)
@@ -77,15 +80,17 @@ def screen(
     except ShardscopeError as err:
         return Screening(candidate, INVALID, str(err))
     placed = template.place(case.mesh, pipelined=_pipelined(case))
+    # Keyed whatever the verdict: an exhaustive search compiles the pruned candidates too.
+    program = program_key(case, template, placed)
     if placed.indivisible:
-        return Screening(candidate, INDIVISIBLE, placed.indivisible[0])
+        return Screening(candidate, INDIVISIBLE, placed.indivisible[0], program=program)
     bound = memory_bound(case, template, placed, target)
     capacity = target.hardware.hbm_bytes_per_device
     if bound > capacity:
         what = "arguments alone" if target.exact_memory else "the tensors' estimate"
         reason = f"needs at least {human_bytes(bound)} per device ({what}), over {human_bytes(capacity)}"
-        return Screening(candidate, MEMORY, reason, bound)
-    return Screening(candidate, COMPILE, "", bound)
+        return Screening(candidate, MEMORY, reason, bound, program)
+    return Screening(candidate, COMPILE, "", bound, program)
 
 
 def memory_bound(case: Case, template: Template, placed, target: Target) -> int:

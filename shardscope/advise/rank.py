@@ -5,7 +5,9 @@ then the step with nothing overlapped, then the HBM need, then the candidate's p
 equal estimates keep a fixed order, so the ranking never depends on which compile finished first. Each
 row says why it wins or loses: the winner its largest collective (axis and op); every other row the
 collective that costs it most against the winner. Presets that compile to the same program on the same
-mesh (the same collectives, memory and work) are one row, which names them all.
+mesh (the same collectives, memory and work) are one row, which names them all: those `advise.programs`
+grouped before compiling share their representative's plan, and so its program digest; any others are
+found here, by the digests of their own plans.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The whole search: enumerate, screen, compile what is left, rank — with progress, resumable.
+"""The whole search: enumerate, screen, compile what is left (once per program), rank — with progress,
+resumable.
 
 Compiles go through the runner (`dump_cases`): local processes or a Ray cluster, and the plan cache, in
 which every compiled candidate is stored as soon as it finishes. An interrupted sweep run again therefore
@@ -12,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from shardscope.advise.advice import DEFAULT_HARDWARE, Advice, SweepProgress, SweepRequest
-from shardscope.advise.prune import COMPILE, INVALID, Target, screen, target_of
+from shardscope.advise.programs import ProgramGroup, group_same_programs
+from shardscope.advise.prune import COMPILE, INVALID, Screening, Target, screen, target_of
 from shardscope.advise.rank import Ranked, rank, ranked_of
 from shardscope.advise.space import Candidate, live_axes, preset_meshes
 from shardscope.advise.template import Template, load_template, template_case
@@ -154,40 +156,30 @@ def advise(
     screenings = tuple(
         screen(c, templates[c.preset], request.model, request.topology, overrides, target) for c in candidates
     )
-    wanted = [s.candidate for s in screenings if s.verdict == COMPILE or (request.exhaustive and s.verdict != INVALID)]
+    groups = group_same_programs([(s.candidate, s.program) for s in screenings if _wanted(s, request)])
     # A CPU plan names the generation it is priced on; a TPU topology prices as itself unless told otherwise.
     hardware = target.hardware_name
-    cases = [
-        GoldenCase(
-            request.model,
-            c.preset,
-            request.topology,
-            c.mesh_text,
-            tuple(f"{k}={v}" for k, v in request.overrides),
-            name=str(c.index),
-            hardware=hardware,
-            efficiency=request.efficiency,
-        )
-        for c in wanted
-    ]
-    by_index = {c.index: c for c in candidates}
+    cases = [_golden_case(request, g.representative, hardware) for g in groups]
+    by_index = {g.representative.index: g for g in groups}
     entries: list[Ranked] = []
     failed: list[tuple[Candidate, str]] = []
     cached = 0
     best: Ranked | None = None
     for done, result in enumerate(dump_cases(cases, jobs, use_cache, ray), start=1):
-        candidate = by_index[int(result.case.name)]
+        group = by_index[int(result.case.name)]
         cached += result.cached
         if result.plan_json is None:
-            failed.append((candidate, result.error or "failed"))
+            failed += _refused(group, result.error or "failed")
         else:
-            plan = plan_from_json(result.plan_json, candidate.key)
-            entry = ranked_of(candidate, plan, reproduce_command(request, candidate, hardware))
-            entries.append(entry)
-            if entry.fits and (best is None or entry.sort_key() < best.sort_key()):
-                best = entry
+            plan = plan_from_json(result.plan_json, group.representative.key)
+            # Every candidate of the group is this program: each gets its figures, under its own command.
+            fresh = [ranked_of(c, plan, reproduce_command(request, c, hardware)) for c in group.candidates]
+            entries += fresh
+            # The representative stands for the group here: the same figures, and first in search order.
+            if fresh[0].fits and (best is None or fresh[0].sort_key() < best.sort_key()):
+                best = fresh[0]
         if progress is not None:
-            progress(SweepProgress(done, len(cases), cached, best, candidate.key))
+            progress(SweepProgress(done, len(cases), cached, best, group.representative.key))
     ranking, over = rank(entries)
     estimate_target = _target_label(request, target)
     return Advice(
@@ -203,7 +195,33 @@ def advise(
         compiled=len(cases) - cached,
         cached=cached,
         seconds=time.perf_counter() - started,
+        same_program=sum(len(g.members) for g in groups),
     )
+
+
+def _wanted(screening: Screening, request: SweepRequest) -> bool:
+    """Whether a screened candidate is planned: it passed, or the search is exhaustive and it is valid."""
+    return screening.verdict == COMPILE or (request.exhaustive and screening.verdict != INVALID)
+
+
+def _golden_case(request: SweepRequest, candidate: Candidate, hardware: str | None) -> GoldenCase:
+    """The case that compiles `candidate`, named by its index (how results find their candidate again)."""
+    return GoldenCase(
+        request.model,
+        candidate.preset,
+        request.topology,
+        candidate.mesh_text,
+        tuple(f"{k}={v}" for k, v in request.overrides),
+        name=str(candidate.index),
+        hardware=hardware,
+        efficiency=request.efficiency,
+    )
+
+
+def _refused(group: ProgramGroup, error: str) -> list[tuple[Candidate, str]]:
+    """A refused compile refuses every candidate of its program; the others say whose compile it was."""
+    shared = f"same program as {group.representative.key}: {error}"
+    return [(group.representative, error), *((c, shared) for c in group.members)]
 
 
 def _target_label(request: SweepRequest, target: Target) -> str:

@@ -6,10 +6,17 @@ is pure Python. That is what lets `advise` check divisibility and bound memory f
 seconds. The trace runs on one device with the candidates' batch, all mesh axes of size 1: shapes do not
 depend on the mesh (the batch is per step, not per device), except inside an active pipeline, whose
 microbatches change the activations' shapes (see `MeshTensors.activations_known`).
+
+The template also keeps every logical-axes tuple its trace resolved, recorded on a tensor or not (the MoE
+resolves the spec it places its expert weights on without naming it): with the tensors' own, they are all
+the rules can reach in the program, which is what tells two presets that place everything alike
+(`advise.programs`). Tensors-only plans have no place for them, so they are cached in an entry of their own.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +26,7 @@ from shardscope.case.resolve import Case, get_model, resolve_case
 from shardscope.case.rules import Rule, Spec, drop_unit_axes, indivisible_dims, resolve_logical
 from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
 from shardscope.case.topology import Topology, get_topology
-from shardscope.golden.cache import case_key, load_plan_text, store
+from shardscope.golden.cache import case_key, load_cached, load_plan_text, store
 from shardscope.plan.document import Plan
 from shardscope.plan.json import plan_from_json, plan_to_json
 from shardscope.plan.records import TENSORS_ONLY, CaseRecord, TensorRecord
@@ -30,6 +37,8 @@ STATE_KINDS = ("param", "opt_state", "input")
 # Bytes per element of the dtypes plans record.
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "bfloat16": 2, "float16": 2, "int32": 4, "uint32": 4}
 _ITEMSIZE |= {"float32": 4, "int64": 8, "uint64": 8, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+# A logical axis name (or None) per dimension.
+LogicalAxes = tuple[str | None, ...]
 
 
 def itemsize(dtype: str) -> int:
@@ -63,6 +72,7 @@ class Template:
 
     plan: Plan
     rules: tuple[Rule, ...]
+    resolved: frozenset[LogicalAxes]  # every logical-axes tuple the trace resolved, recorded on a tensor or not
     _specs: dict[tuple[str | None, ...], Spec] = field(default_factory=dict)
 
     @property
@@ -95,6 +105,11 @@ class Template:
                 bad.append(f"{path}: dimension {dim} of size {size} over {'×'.join(axes)} = {ways} shards")
             placed.append((path, _record(tensor, spec, sizes)))
         return MeshTensors(tuple(placed), tuple(specs), tuple(bad), activations_known=not pipelined)
+
+    def resolved_specs(self, mesh: Sequence[tuple[str, int]]) -> tuple[tuple[LogicalAxes, Spec], ...]:
+        """Where the rules put each tuple the trace resolved, on `mesh` (size-1 axes dropped), in a fixed order."""
+        sizes = dict(mesh)
+        return tuple((axes, drop_unit_axes(self.rule_spec(axes), sizes)) for axes in sorted(self.resolved, key=repr))
 
     def _spec(self, tensor: TensorRecord, sizes: Mapping[str, int]) -> Spec:
         if tensor.logical is None:  # a state tensor without logical axes is replicated
@@ -142,23 +157,54 @@ def template_case(model: str, preset: str, topology: str, overrides: Mapping[str
 
 
 def load_template(case: Case, pool: Topology, use_cache: bool = True) -> Template:
-    """Traces the template case (a tensors-only plan), or reads it from the plan cache.
+    """Traces the template case (a tensors-only plan and the tuples it resolved), or reads both from the plan
+    cache (a plan cached without them, as `dump` caches one, is traced again).
 
     `pool` is the topology this process compiles for afterwards: fake CPU devices are sized once per
     process, so the pool is sized for it (not for the template's one device) before JAX starts.
     """
 
+    rules = case.preset.logical_axis_rules
     key = case_key(case, tensors_only=True) if use_cache else None
-    cached = load_plan_text(key) if key is not None else None
-    if cached is not None:
-        return Template(plan_from_json(cached, "cached template"), case.preset.logical_axis_rules)
+    if key is not None:
+        cached, resolved = load_plan_text(key), _load_resolved(_resolved_key(key))
+        if cached is not None and resolved is not None:
+            return Template(plan_from_json(cached, "cached template"), rules, resolved)
+    plan, resolved = _trace_template(case, pool)
+    if key is not None:
+        store(key, plan_to_json(plan))
+        store(_resolved_key(key), json.dumps(sorted((list(axes) for axes in resolved), key=repr)) + "\n")
+    return Template(plan, rules, resolved)
+
+
+def _trace_template(case: Case, pool: Topology) -> tuple[Plan, frozenset[LogicalAxes]]:
+    """The tensors-only plan `dump` makes of the case (what `golden.pipeline.plan_case` makes, under the same
+    cache key), and the tuples the trace resolved, which that plan does not keep."""
     import jax  # lazy: JAX loads only where a case is planned
 
-    from shardscope.golden.pipeline import plan_case
+    from shardscope.extract.plans import extract_tensors_plan
+    from shardscope.lint.run import plan_findings, with_findings
+    from shardscope.stages.compile import trace_case
 
     configure_devices(pool)
     jax.devices()  # starts the backend with that pool, so that nothing resizes it
-    plan = plan_case(case, tensors_only=True)
-    if key is not None:
-        store(key, plan_to_json(plan))
-    return Template(plan, case.preset.logical_axis_rules)
+    traced = trace_case(case)
+    plan = extract_tensors_plan(traced)
+    return with_findings(plan, plan_findings(case, plan, traced.resolved)), frozenset(traced.resolved)
+
+
+def _resolved_key(key: str) -> str:
+    """The cache entry of a template's resolved tuples, beside its plan's."""
+    return hashlib.sha256(f"{key}:resolved".encode()).hexdigest()
+
+
+def _load_resolved(key: str) -> frozenset[LogicalAxes] | None:
+    """The cached resolved tuples, or None (never cached or unreadable: a miss, traced again)."""
+    text = load_cached(key)
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    if not isinstance(data, list) or not all(isinstance(axes, list) for axes in data):
+        return None
+    return frozenset(tuple(axes) for axes in data)

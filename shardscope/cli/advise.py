@@ -5,6 +5,8 @@ ranked by estimated step time among the plans that fit in HBM."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -67,7 +69,8 @@ def advise_command(
 
 
 def _run(request, jobs: int, use_cache: bool, address: str | None):
-    """The sweep, with a progress line on a terminal: candidates done / to plan, and the best so far."""
+    """The sweep, with progress: on a terminal a progress bar (plans done / to plan, and the best so far);
+    piped, a line on stderr per tenth of the plans (a CI log shows the sweep is alive, in at most 10 lines)."""
     # lazy: rich loads only when a table is printed
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -75,7 +78,7 @@ def _run(request, jobs: int, use_cache: bool, address: str | None):
 
     console = make_console()
     if not console.is_terminal:
-        return advise(request, jobs, use_cache, address)
+        return advise(request, jobs, use_cache, address, _piped_progress(time.monotonic()))
     from shardscope.report.advice import step_text  # lazy: off the --help path (no JAX)
 
     columns = (
@@ -93,6 +96,35 @@ def _run(request, jobs: int, use_cache: bool, address: str | None):
             progress.update(task, total=state.total, completed=state.done, description=best)
 
         return advise(request, jobs, use_cache, address, tick)
+
+
+def _piped_progress(started: float) -> Callable:
+    """The progress callback of a run without a terminal: each line to stderr as soon as it is due."""
+
+    def tick(state) -> None:
+        line = progress_line(state.done, state.total, time.monotonic() - started)
+        if line is not None:
+            typer.echo(line, err=True)  # flushed at once: a compile in this process captures stderr next
+
+    return tick
+
+
+def progress_line(done: int, total: int, seconds: float) -> str | None:
+    """The line for `done` of `total` plans when it completes a tenth of them, else None: at most 10 lines,
+    whatever the total, and one per plan when there are fewer than 10."""
+    if total < 1 or done < 1 or 10 * done // total == 10 * (done - 1) // total:
+        return None
+    return f"advise: {100 * done // total}% ({done} of {total} plans done, {_elapsed(seconds)})"
+
+
+def _elapsed(seconds: float) -> str:
+    """ "42 s", "2 min 5 s", "1 h 12 min": as long as a sweep runs, to the unit that still matters."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 def _write(advice, top: int, csv: Path | None, html: Path | None, as_json: bool) -> None:

@@ -39,7 +39,8 @@ def counts_line(advice: Advice) -> str:
     parts = [
         f"{data['enumerated']} candidates",
         f"{total_pruned} pruned without compiling" + (f" ({why})" if why else ""),
-        f"{done} planned ({data['compiled']} compiled, {data['cached']} from the plan cache)",
+        f"{done} planned ({data['compiled']} compiled, {data['cached']} from the plan cache)"
+        + (f", {data['same_program']} sharing another's compile" if data.get("same_program") else ""),
         f"{data['fit']} fit",
     ]
     if data["over_capacity"]:
