@@ -332,3 +332,32 @@ def test_piped_progress_is_at_most_ten_lines(total, capsys):
     assert lines[-1] == f"advise: 100% ({total} of {total} plans done, 1 min 15 s)"
     percents = [int(line.removeprefix("advise: ").split("%")[0]) for line in lines]
     assert percents == sorted(set(percents)) and all(p >= 10 for p in percents)
+
+
+def test_advise_takes_maxtexts_command_line(tmp_path, monkeypatch):
+    # MaxText's command line fixes how every candidate runs (its sequence, batch, dtype), the rules
+    # (custom_mesh_and_rule) and the axes it sizes (ici_*); what it leaves to the defaults is searched.
+    from typer.testing import CliRunner
+
+    from shardscope.case.resolve import maxtext_search
+    from shardscope.cli import app
+
+    monkeypatch.setenv("SHARDSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    words = "custom_mesh_and_rule=ep-as-cp ici_expert_parallelism=2 ici_fsdp_parallelism=4 max_target_length=64"
+    search = maxtext_search("mixtral-tiny", words, None)
+    assert search.preset == "ep-as-cp" and dict(search.pins) == {"expert": 2, "fsdp": 4}
+    assert dict(search.settings)["model.seq_len"] == "64"
+    result = CliRunner().invoke(app, ["advise", "mixtral-tiny", "--maxtext", words, "--json", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ranking"] and all(row["preset"] == "ep-as-cp" for row in data["ranking"])
+    for row in data["ranking"]:
+        mesh = parse_mesh_arg(row["mesh"])
+        assert mesh["expert"] == 2 and mesh["fsdp"] == 4
+        assert "--set model.seq_len=64" in row["command"]
+    for wrong, message in (
+        (["--mesh", "data=1"], "--mesh with --maxtext"),
+        (["--preset", "pure-fsdp"], "name other rules"),
+    ):
+        refused = CliRunner().invoke(app, ["advise", "mixtral-tiny", "--maxtext", words, *wrong])
+        assert refused.exit_code == 2 and message in refused.output

@@ -248,3 +248,68 @@ def compiler_options_for(case: Case) -> dict[str, Any]:
     if case.topology.platform != "cpu":
         return xla_flags(case.overrides)
     return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
+@dataclass(frozen=True)
+class MaxTextSearch:
+    """A MaxText command line as the inputs of a search over meshes and presets (`advise --maxtext`).
+
+    Attributes:
+      preset: the rules `custom_mesh_and_rule` names (None: every built-in preset is searched).
+      topology: the topology `compile_topology` names, or None.
+      pins: the mesh axes the command line sizes itself (`ici_<axis>_parallelism` other than -1): held at
+        those sizes, the others searched.
+      settings: the settings the run's keys stand for (and MaxText's defaults where it is silent).
+      warnings: what the run holds that is not modelled (as for `dump --maxtext`).
+    """
+
+    preset: str | None
+    topology: str | None
+    pins: tuple[tuple[str, int], ...]
+    settings: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+
+    def settings_with(self, overrides: Mapping[str, str]) -> list[str]:
+        """The run's settings with `--set` overrides, as `k=v` words; an override may change what MaxText's
+        defaults chose, not what the command line says.
+
+        Raises:
+          ShardscopeError: an override that contradicts the command line.
+        """
+        settings = dict(self.settings)
+        for key, value in overrides.items():
+            if key in settings and settings[key] != value and key not in self.defaulted:
+                raise ShardscopeError(f"--set {key}={value} contradicts --maxtext (which sets {key}={settings[key]})")
+            settings[key] = value
+        return [f"{key}={value}" for key, value in settings.items()]
+
+    defaulted: tuple[str, ...] = ()
+
+
+def maxtext_search(model_name: str, maxtext: str | Sequence[str], topology: str | None) -> MaxTextSearch:
+    """What a MaxText command line fixes of a search: the rules, the topology, the axes it sizes and how the
+    step runs; the axes it leaves to MaxText's defaults are the search's.
+
+    Raises:
+      ShardscopeError: bad MaxText input, or a topology that contradicts it.
+    """
+    model = get_model(model_name)
+    given = dict(parse_maxtext_args(maxtext))
+    rule = given.get("custom_mesh_and_rule") or None
+    compile_topology = given.get("compile_topology") or None
+    if topology is not None and compile_topology is not None and topology.split("x")[-1] != compile_topology:
+        raise ShardscopeError(f"--topology {topology} and --maxtext compile_topology={compile_topology} disagree")
+    topo = get_topology(topology or compile_topology or "cpu-8")
+    preset = get_preset(rule or "default")
+    run = maxtext_run(
+        maxtext, model_name, preset.mesh_axes, topo.num_devices // topo.slices, topo.slices, model.num_experts > 0
+    )
+    sized = dict(run.mesh)
+    pins = []
+    for key, value in given.items():
+        match = re.fullmatch(r"ici_(\w+)_parallelism", key)
+        if match and int(value) != -1:
+            axis = "stage" if match.group(1) == "pipeline" else match.group(1)
+            if axis in sized:
+                pins.append((axis, sized[axis]))
+    return MaxTextSearch(rule, compile_topology, tuple(pins), run.settings, run.warnings, run.defaulted)

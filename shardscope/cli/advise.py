@@ -40,6 +40,14 @@ def advise_command(
         typer.Option("--mesh", help="Hold these axes at these sizes (e.g. data=1,stage=1); the others are searched."),
     ] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Override a setting, as for dump.")] = None,
+    maxtext: Annotated[
+        str | None,
+        typer.Option(
+            "--maxtext",
+            help="MaxText's command line ('k=v k=v …'): how every candidate runs; its ici_* sizes hold those axes "
+            "and custom_mesh_and_rule the rules, the rest is searched.",
+        ),
+    ] = None,
     hardware: HardwareOption = None,
     efficiency: EfficiencyOption = None,
     as_json: JsonOption = False,
@@ -61,11 +69,38 @@ def advise_command(
 
                 check_writable(path, what)
         address, workers = compile_backend(ray, jobs)
+        if maxtext is not None:
+            topology, presets, mesh, settings = _from_maxtext(model, topology, presets, mesh, settings, maxtext)
         request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
         advice = _run(request, workers, not no_cache, address)
     except ShardscopeError as err:
         fail(err)
     _write(advice, top, csv, html, as_json)
+
+
+def _from_maxtext(
+    model: str, topology: str, presets: list[str] | None, mesh: str | None, settings: list[str] | None, maxtext: str
+) -> tuple[str, list[str] | None, str | None, list[str]]:
+    """The search's topology, presets, held axes and settings from MaxText's command line (warnings on stderr).
+
+    Raises:
+      ShardscopeError: bad MaxText input, or options that contradict it.
+    """
+    # lazy: off the --help path
+    from shardscope.case.resolve import maxtext_search, parse_overrides
+    from shardscope.cli.case_options import warn
+
+    if mesh:
+        raise ShardscopeError("--mesh with --maxtext: hold axes with MaxText's ici_*_parallelism keys")
+    search = maxtext_search(model, maxtext, None if topology == "cpu-8" else topology)
+    if search.preset is not None and presets and presets != [search.preset]:
+        raise ShardscopeError(
+            f"--preset {presets[0]} and --maxtext custom_mesh_and_rule={search.preset} name other rules"
+        )
+    warn(search.warnings)
+    held = ",".join(f"{axis}={size}" for axis, size in search.pins) or None
+    chosen = [search.preset] if search.preset is not None else presets
+    return search.topology or topology, chosen, held, search.settings_with(parse_overrides(settings or []))
 
 
 def _run(request, jobs: int, use_cache: bool, address: str | None):
