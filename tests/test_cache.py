@@ -30,6 +30,7 @@ def test_every_input_is_in_the_key(tmp_path, monkeypatch):
     rules = tmp_path / "ep-as-cp.yaml"
     shutil.copy(PRESET_DIR / "ep-as-cp.yaml", rules)
     same_rules = key(preset=str(rules))
+    assert key(preset=str(rules)) == same_rules  # the same file: the same plan
     rules.write_text(rules.read_text().replace("['activation_length', ['expert']],", "['activation_length', []],"))
     changed = {
         "model": key(model="mixtral-tiny"),
@@ -41,7 +42,8 @@ def test_every_input_is_in_the_key(tmp_path, monkeypatch):
         "mesh": key(mesh={"fsdp": 2, "expert": 4}),
         "tensors only": key(tensors_only=True),
     }
-    assert same_rules == base  # the same rules under the same name: the same plan
+    # The same rules from a file are another plan: it names the file its preset came from (`preset_source`).
+    assert same_rules != base
     monkeypatch.setattr(cache, "source_digest", lambda: "edited")
     changed["sources"] = key()
     monkeypatch.undo()

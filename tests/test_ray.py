@@ -115,7 +115,9 @@ def test_ctrl_c_during_a_search_on_the_cluster_frees_its_workers(cluster, tmp_pa
     deadline = time.monotonic() + 120
     while _free_cpus(cluster) >= 2 and time.monotonic() < deadline and process.poll() is None:
         time.sleep(1)
-    assert process.poll() is None, f"the search ended before its workers were seen: {process.stderr.read()}"
+    if process.poll() is not None:
+        _, err = process.communicate()  # closes the pipe before failing
+        pytest.fail(f"the search ended before its workers were seen: {err}")
     os.killpg(process.pid, signal.SIGINT)
     sent = time.monotonic()
     _, err = process.communicate(timeout=60)
