@@ -81,6 +81,8 @@ def test_layout_for_a_cpu_plan_uses_the_standard_slice_of_that_size():
     assert default_slice_shape(load_hardware("v5p"), 8) == (2, 2, 2)
     assert default_slice_shape(load_hardware("v6e"), 8) == (2, 4)
     assert default_slice_shape(load_hardware("tpu7x"), 8) == (2, 2, 1)
+    # Between the listed sizes, whole 4x4x4 cubes: 768 v5p chips (12 cubes) price as 8x8x12.
+    assert default_slice_shape(load_hardware("v5p"), 768) == (8, 8, 12)
     layout = layout_for("v5p", {"fsdp": 128, "expert": 2})  # v5p-512: 4x8x8, whole cubes
     assert layout.slice_shape == (4, 8, 8) and layout.source == "standard slice"
     assert all(span.closes for span in layout.group(["fsdp", "expert"]))

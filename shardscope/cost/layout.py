@@ -22,7 +22,7 @@ from typing import Any
 from shardscope.case.hardware import Hardware, HardwareError, load_hardware
 from shardscope.case.topology import DCN_AXIS, format_mesh
 from shardscope.case.tpu import GENERATIONS, known_tpu_names, parse_tpu_slice
-from shardscope.errors import MeshError
+from shardscope.errors import MeshError, ShardscopeError
 
 TORUS = ("x", "y", "z")
 CORE = "core"  # the devices of one chip (TPU7x: two dies joined on the package)
@@ -136,14 +136,18 @@ def default_slice_shape(hardware: Hardware, devices: int) -> tuple[int, ...]:
     number = chips * (2 if generation.counts_cores else 1)
     name = f"{hardware.name}-{number}"
     known = [n for n in known_tpu_names() if n.startswith(f"{hardware.name}-")]
-    if extra or name not in known:
+    try:
+        described = None if extra else parse_tpu_slice(name)  # the listed sizes, and whole cubes between them
+    except ShardscopeError:
+        described = None
+    if described is None:
         sizes = ", ".join(str(parse_tpu_slice(n).num_devices) for n in known)
+        cubes = "; or whole 4x4x4 cubes" if generation.torus_3d else ""
         raise HardwareError(
-            f"{devices} devices are not a standard {hardware.name} slice (device counts: {sizes}); "
+            f"{devices} devices are not a standard {hardware.name} slice (device counts: {sizes}{cubes}); "
             f"change the mesh or the hardware"
         )
-    shape = tuple(int(d) for d in parse_tpu_slice(name).topology_name.split(":")[1].split("x"))
-    return shape
+    return tuple(int(d) for d in described.topology_name.split(":")[1].split("x"))
 
 
 def _physical_dims(hardware: Hardware, shape: tuple[int, ...]) -> list[Span]:
