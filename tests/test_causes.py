@@ -48,7 +48,13 @@ def test_a_weight_gathered_in_a_loop_is_traced_to_the_step_argument():
     assert [(o.kind, o.name) for o in gather.origins] == [("parameter", "state['params']['layers']['mlp']['kernel']")]
     assert gather.axes == ("fsdp",)
     assert gather.consumer == "jit(step)/jvp(M)/while/body/layers/mlp/dot_general"
-    assert gather.line == ("/src/models/layers.py", 42)
+    # Its stack, innermost first: a library frame (left in where the library is installed in a virtual
+    # environment), then the model line that called it; a printed parent id is one more than the parent's.
+    assert gather.stack == (
+        ("/venv/lib/python3.11/site-packages/flax/core/axes_scan.py", 200),
+        ("/src/models/layers.py", 42),
+    )
+    assert gather.line == gather.stack[0]
 
 
 def test_a_sum_is_traced_to_the_op_and_the_operands_it_is_computed_from():
@@ -86,6 +92,7 @@ def test_untraced_rows_carry_nothing_and_aggregate_as_before():
 def test_source_frames_name_file_and_line():
     frames = source_frames((DATA / "origins.hlo").read_text())
     assert frames.line_of('op_name="x" stack_frame_id=1') == ("/src/models/layers.py", 42)
+    assert frames.chain_of('op_name="x" stack_frame_id=2')[1] == ("/src/models/layers.py", 42)
     assert frames.line_of('op_name="x" stack_frame_id=9') is None
     assert frames.line_of(None) is None
     assert source_frames("HloModule m\n\nENTRY %e () -> f32[] {\n}\n").frames == {}
@@ -126,7 +133,7 @@ def test_rules_are_the_ones_that_put_the_moved_dimension_on_the_collective_axes(
     assert gather is not None and total is not None
     assert gather.tensors == ("params/layers/mlp/kernel",)
     assert [(r.logical, r.axes, r.rule) for r in gather.rules] == [("embed", ("fsdp",), 1)]
-    assert gather.line == "/src/models/layers.py:42"
+    assert gather.line == "/src/models/layers.py:42"  # the model's line, not the library frame inside it
     # The sum over the sharded contraction names the operand sharded on its axes, and its rule.
     assert total.tensors == ("ops/layers/out/dot_general",)
     assert [(r.logical, r.rule, r.tensor) for r in total.rules] == [("mlp", 2, "params/layers/out/kernel")]

@@ -66,6 +66,33 @@ def project_relative(path: str) -> str:
     return path[len(roots[-1]) :] if roots else path
 
 
+# Libraries whose frames jax leaves in the stack or not depending on where they are installed (a frame under
+# the interpreter's own lib directory is left out, one in a virtual environment is not): never the model's line.
+_LIBRARIES = frozenset({"jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "chex", "orbax"})
+
+
+def _model_line(row: Collective) -> str | None:
+    """`file:line` of the innermost frame of the op's stack that is no library's (the model line that made
+    the op, wherever the libraries are installed)."""
+    frames = row.stack or ((row.line,) if row.line else ())
+    for file, line in frames:
+        if not _in_library(file):
+            return f"{project_relative(file)}:{line}"
+    return None
+
+
+def _in_library(file: str) -> bool:
+    """A file of one of `_LIBRARIES`: its import path starts with one, or it sits in an installed package
+    directory of one (also for a module that is not on this machine)."""
+    if project_relative(file).split("/", 1)[0] in _LIBRARIES:
+        return True
+    parts = Path(file).parts
+    return any(
+        part in ("site-packages", "dist-packages") and index + 1 < len(parts) and parts[index + 1] in _LIBRARIES
+        for index, part in enumerate(parts)
+    )
+
+
 def _op_label(op_name: str) -> str:
     module = module_path(op_name)
     primitive = primitive_of(op_name)
@@ -174,7 +201,7 @@ def _row_cause(row: Collective, placement: _Placement) -> Cause:
     return Cause(
         tensors=tuple(dict.fromkeys(tensors)),
         consumer=_op_label(row.consumer) if row.consumer else row.source,
-        line=None if row.line is None else f"{project_relative(row.line[0])}:{row.line[1]}",
+        line=_model_line(row),
         rules=tuple(first_of_rule.values()),
     )
 

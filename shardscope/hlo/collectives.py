@@ -88,6 +88,7 @@ class Collective:
     origins: tuple[Origin, ...] = field(default=(), compare=False)
     consumer: str = field(default="", compare=False)
     line: tuple[str, int] | None = field(default=None, compare=False)
+    stack: tuple[tuple[str, int], ...] = field(default=(), compare=False)  # `line`'s stack, innermost first
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict in field order; `pass_` is emitted as "pass", tuples as lists; `tpu_bytes`
@@ -196,7 +197,7 @@ def collectives_of(
     narrowing = Narrowing(module) if narrow else None
     origins = Origins(module) if trace else None
     frames = source_frames(module.text) if trace else None
-    traced: list[tuple[tuple[Origin, ...], str, tuple[str, int] | None]] = []
+    traced: list[tuple[tuple[Origin, ...], str, tuple[tuple[str, int], ...]]] = []
     raws: list[Collective] = []
     sizes: list[int] = []
     per_computation: dict[str, list[int]] = {}
@@ -222,8 +223,8 @@ def collectives_of(
                 if moved is not None:  # scaled like `bytes` (a reduce-scatter reports its operand)
                     row = replace(row, tpu_bytes=row.bytes * moved // max(shape_info(instruction.shape)[2], 1))
                 if origins is not None and frames is not None:
-                    line = frames.line_of(instruction.attribute("metadata"))
-                    traced.append((origins.of(comp.name, instruction), op_name_of(instruction), line))
+                    stack = frames.chain_of(instruction.attribute("metadata"))
+                    traced.append((origins.of(comp.name, instruction), op_name_of(instruction), stack))
                 mine.append(len(raws))
                 if opcode != base:
                     starts[instruction.name] = len(raws)
@@ -253,14 +254,17 @@ def collectives_of(
     )
 
 
-def _traced(traced: list[tuple[tuple[Origin, ...], str, tuple[str, int] | None]], members: list[int]) -> dict[str, Any]:
-    """A row's origins (of all its instructions, in instruction order), consumer and line (its first
+def _traced(
+    traced: list[tuple[tuple[Origin, ...], str, tuple[tuple[str, int], ...]]], members: list[int]
+) -> dict[str, Any]:
+    """A row's origins (of all its instructions, in instruction order), consumer, line and stack (its first
     instruction's); nothing when the module was not traced."""
     if not traced:
         return {}
     first = min(members)
     moved = dict.fromkeys(origin for r in sorted(members) for origin in traced[r][0])
-    return {"origins": tuple(moved), "consumer": traced[first][1], "line": traced[first][2]}
+    stack = traced[first][2]
+    return {"origins": tuple(moved), "consumer": traced[first][1], "line": stack[0] if stack else None, "stack": stack}
 
 
 def parse_collectives(hlo_text: str | bytes, mesh: MeshLayout | None = None) -> HloCollectives:

@@ -1,9 +1,10 @@
 """Source lines of HLO instructions: the stack-frame tables a compiled module prints before its computations.
 
 An instruction's metadata names a `stack_frame_id`; the `StackFrames` table gives each frame's file location
-and parent frame, `FileLocations` each location's file and line, `FileNames` the file. The innermost frame
-(the one the instruction names) is the model line that made the op: jax filters its own frames out of the
-stack before lowering, so what is left is the user's code.
+and parent frame, `FileLocations` each location's file and line, `FileNames` the file. A frame's printed
+`parent_frame_id` is one more than its parent's id (0: no parent, so the outermost frame reads as its own
+parent). jax leaves its own frames out; which library frames are left in depends on where the libraries are
+installed, so callers pick the innermost frame of the stack (`chain_of`) that is model code.
 """
 
 from __future__ import annotations
@@ -29,11 +30,22 @@ class SourceFrames:
 
     def line_of(self, metadata: str | None) -> tuple[str, int] | None:
         """(file, line) of the innermost frame an instruction's metadata names; None without one."""
+        chain = self.chain_of(metadata)
+        return chain[0] if chain else None
+
+    def chain_of(self, metadata: str | None) -> tuple[tuple[str, int], ...]:
+        """(file, line) of every frame of the stack an instruction's metadata names, innermost first."""
         found = _FRAME_ID.search(metadata or "")
-        if found is None:
-            return None
-        frame = self.frames.get(int(found.group(1)))
-        return None if frame is None else self.locations.get(frame[0])
+        frame_id = int(found.group(1)) if found else 0
+        out: list[tuple[str, int]] = []
+        seen: set[int] = set()
+        while frame_id in self.frames and frame_id not in seen:
+            seen.add(frame_id)
+            location, parent = self.frames[frame_id]
+            if location in self.locations:
+                out.append(self.locations[location])
+            frame_id = parent - 1
+        return tuple(out)
 
 
 def source_frames(text: str) -> SourceFrames:
