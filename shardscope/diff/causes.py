@@ -16,7 +16,7 @@ from typing import Any
 from shardscope.case.rules import entry_axes
 from shardscope.diff.changes import MESH, Change, ChangeKind, RuleChange
 
-__all__ = ["explain_collective_changes", "merged_cause"]
+__all__ = ["explain_collective_changes", "merged_cause", "side_traffic", "traffic_delta"]
 
 _COLLECTIVE_KINDS = (ChangeKind.COLLECTIVE_ADDED, ChangeKind.COLLECTIVE_REMOVED, ChangeKind.COLLECTIVE_CHANGED)
 
@@ -38,8 +38,14 @@ def merged_cause(causes: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] |
     }
 
 
-def _traffic(side: Any) -> int:
+def side_traffic(side: Any) -> int:
+    """The traffic of one side of a collective change (0 where the collective is absent or unpriced)."""
     return int(side["traffic"]) if isinstance(side, Mapping) and side.get("traffic") is not None else 0
+
+
+def traffic_delta(change: Change) -> int:
+    """Bytes per device per step a collective change adds (negative: removes)."""
+    return side_traffic(change.after) - side_traffic(change.before)
 
 
 def _module_of(path: str) -> str:
@@ -166,4 +172,4 @@ def _join(
     group = groups.setdefault(key, {"tensors": [], "collectives": [], "delta": 0})
     group["tensors"] += [t for t in dict.fromkeys(tensors) if t not in group["tensors"]]
     group["collectives"].append(change.subject)
-    group["delta"] += _traffic(change.after) - _traffic(change.before)
+    group["delta"] += traffic_delta(change)

@@ -21,13 +21,13 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
-from shardscope.case.rules import Rule, explain_logical
+from shardscope.case.rules import Rule, SpecEntry, entry_axes, explain_logical
 from shardscope.hlo.collectives import Collective
 from shardscope.hlo.metadata import module_path, primitive_of
 from shardscope.hlo.origins import Origin
 from shardscope.plan.records import Cause, RuleCause, TensorRecord
 
-__all__ = ["collective_cause", "plan_path", "project_relative"]
+__all__ = ["collective_cause", "placing_rules", "plan_path", "project_relative"]
 
 _KEY = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
 _ROOTS = {"state": "", "batch": "inputs"}
@@ -99,10 +99,23 @@ def _op_label(op_name: str) -> str:
     return f"{module}/{primitive}" if module else primitive
 
 
-def _spec_axes(entry: object) -> tuple[str, ...]:
-    if entry is None:
+def placing_rules(
+    path: str, record: TensorRecord, axes: Sequence[str], rules: Sequence[Rule]
+) -> tuple[tuple[int, SpecEntry, RuleCause], ...]:
+    """(dimension, the rule's spec for it, the rule) for each dimension of tensor `path` that its spec puts on
+    any of `axes` and that a rule decided; () without logical names or rules."""
+    if record.logical is None or not rules:
         return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)  # type: ignore[arg-type]
+    try:
+        decisions = explain_logical(record.logical, rules)
+    except ValueError:
+        return ()
+    out = []
+    for dim, (entry, decision) in enumerate(zip(record.spec, decisions, strict=False)):
+        if set(entry_axes(entry)) & set(axes) and decision.rule_index is not None and decision.logical is not None:
+            cause = RuleCause(decision.logical, entry_axes(decision.spec), decision.rule_index, path)
+            out.append((dim, decision.spec, cause))
+    return tuple(out)
 
 
 class _Placement:
@@ -127,18 +140,9 @@ class _Placement:
 
     def _rules_of(self, path: str, axes: tuple[str, ...]) -> tuple[RuleCause, ...]:
         record = self.tensors.get(path)
-        if record is None or record.logical is None or not self.rules:
+        if record is None:
             return ()
-        try:
-            decisions = explain_logical(record.logical, self.rules)
-        except ValueError:
-            return ()
-        out = []
-        for entry, decision in zip(record.spec, decisions, strict=False):
-            placed = set(_spec_axes(entry)) & set(axes)
-            if placed and decision.rule_index is not None and decision.logical is not None:
-                out.append(RuleCause(decision.logical, _spec_axes(decision.spec), decision.rule_index, path))
-        return tuple(out)
+        return tuple(cause for _, _, cause in placing_rules(path, record, axes, self.rules))
 
     def nearby_activations(self, module: str) -> list[str]:
         """The named activations of `module`, or of its nearest enclosing module that has some, or (an op

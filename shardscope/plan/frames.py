@@ -22,7 +22,8 @@ GROUPINGS = {"axis": "axes", "op": "op", "pass": "pass", "source": "source", "dt
 GROUPINGS |= {"rule": "rules", "tensor": "moves"}  # from each row's cause
 
 
-def _spec_text(spec: Sequence[Any]) -> str:
+def spec_axes_text(spec: Sequence[Any]) -> str:
+    """`(fsdp+expert, -, -)`: each dimension's mesh axes, `-` where it is replicated."""
     return "(" + ", ".join("+".join(entry_axes(e)) or "-" for e in spec) + ")"
 
 
@@ -38,7 +39,7 @@ def tensors_frame(plan: Plan) -> pd.DataFrame:
             "dtype": t.dtype,
             "logical": t.logical,
             "spec": t.spec,
-            "sharded_over": _spec_text(t.spec),
+            "sharded_over": spec_axes_text(t.spec),
             "shard_shape": t.shard_shape,
             "bytes_per_device": t.bytes_per_device,
         }

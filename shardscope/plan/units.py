@@ -15,6 +15,13 @@ def human_bytes(count: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def signed_bytes(count: int) -> str:
+    """+1.5 KiB / −512 B / 0 B (a true minus sign, so columns of deltas line up)."""
+    if count == 0:
+        return "0 B"
+    return ("+" if count > 0 else "−") + human_bytes(abs(count))
+
+
 def compact_bytes(count: int | None) -> str:
     """Three significant digits at most, for narrow columns: 1536 → "1.5 KiB", 1033472 → "1009 KiB"."""
     if count is None:

@@ -8,8 +8,9 @@ preset that cannot be loaded, or has changed since the plan was made, names no r
 from __future__ import annotations
 
 from shardscope.case.presets import apply_preset_overrides, get_preset
-from shardscope.case.rules import Rule, drop_unit_axes, entry_axes, explain_logical
+from shardscope.case.rules import Rule, drop_unit_axes
 from shardscope.errors import ShardscopeError
+from shardscope.extract.causes import placing_rules
 from shardscope.plan.document import Plan
 from shardscope.plan.records import RuleCause, TensorRecord
 
@@ -43,18 +44,11 @@ def rules_on(
     rules: tuple[Rule, ...],
     logical_prefix: str = "",
 ) -> tuple[RuleCause, ...]:
-    """The rules that put a dimension of `path` (whose logical name starts with `logical_prefix`) on `axes`."""
-    if record.logical is None or not rules:
-        return ()
-    try:
-        decisions = explain_logical(record.logical, rules)
-    except ValueError:
-        return ()
+    """The rules that put a dimension of `path` (whose logical name starts with `logical_prefix`) on `axes`, as
+    a compiled row's cause names them, where the rule still reproduces the spec the plan records."""
     sizes = dict(plan.case.mesh)
-    out = []
-    for entry, decision in zip(record.spec, decisions, strict=False):
-        if decision.logical is None or decision.rule_index is None or not decision.logical.startswith(logical_prefix):
-            continue
-        if set(entry_axes(entry)) & set(axes) and drop_unit_axes((decision.spec,), sizes)[0] == entry:
-            out.append(RuleCause(decision.logical, entry_axes(decision.spec), decision.rule_index, path))
-    return tuple(out)
+    return tuple(
+        cause
+        for dim, spec, cause in placing_rules(path, record, axes, rules)
+        if cause.logical.startswith(logical_prefix) and drop_unit_axes((spec,), sizes)[0] == record.spec[dim]
+    )

@@ -29,21 +29,7 @@ def weight_gathers(plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: b
         rules=rules_on(plan, weight.path, weight.record, axes, rules),
     )
     passes = ("forward", "backward") if remat else ("forward",)
-    return tuple(
-        CollectiveRow(
-            op="all-gather",
-            axes=axes,
-            dtype=weight.record.dtype,
-            shape=weight.layer_shape,
-            bytes=nbytes(weight.layer_shape, weight.record.dtype),
-            count=1,
-            loop_trips=weight.loop_trips,
-            pass_=pass_,
-            source=weight.module,
-            cause=cause,
-        )
-        for pass_ in passes
-    )
+    return tuple(_per_layer("all-gather", weight, axes, pass_, cause) for pass_ in passes)
 
 
 def gradient_sum(
@@ -58,17 +44,20 @@ def gradient_sum(
     cause = Cause(
         tensors=(f"grads/{weight.path}",), consumer=f"{weight.module}/dot_general", line=None, rules=batch_rules
     )
-    return (
-        CollectiveRow(
-            op="all-reduce",
-            axes=axes,
-            dtype=weight.record.dtype,
-            shape=weight.layer_shape,
-            bytes=nbytes(weight.layer_shape, weight.record.dtype),
-            count=1,
-            loop_trips=weight.loop_trips,
-            pass_="backward",
-            source=weight.module,
-            cause=cause,
-        ),
+    return (_per_layer("all-reduce", weight, axes, "backward", cause),)
+
+
+def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause) -> CollectiveRow:
+    """One collective of the weight's whole per-layer slice, once in each layer of its stack."""
+    return CollectiveRow(
+        op=op,
+        axes=axes,
+        dtype=weight.record.dtype,
+        shape=weight.layer_shape,
+        bytes=nbytes(weight.layer_shape, weight.record.dtype),
+        count=1,
+        loop_trips=weight.loop_trips,
+        pass_=pass_,
+        source=weight.module,
+        cause=cause,
     )

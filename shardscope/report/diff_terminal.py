@@ -18,7 +18,7 @@ from shardscope.diff.grouping import TensorGroup, group_tensor_changes, unit_axe
 from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
 from shardscope.plan.estimate import Estimate
 from shardscope.plan.records import CaseRecord
-from shardscope.plan.units import human_bytes, human_seconds, signed_seconds
+from shardscope.plan.units import human_bytes, human_seconds, signed_bytes, signed_seconds
 from shardscope.report.estimate_text import cost_headline, cost_rows, memory_headline, target_label
 from shardscope.report.findings import finding_changes_table
 from shardscope.report.layout import FitToWidth, column_widths, elide_middle, spec_text
@@ -79,13 +79,6 @@ def headline_sections(diff: PlanDiff) -> tuple[HeadlineSection, ...]:
             paired([(k, b) for k, _, b in diff.kinds_before], [(k, b) for k, _, b in diff.kinds_after]),
         ),
     )
-
-
-def signed_bytes(count: int) -> str:
-    """+1.5 KiB / −512 B / 0 B (a true minus sign, so columns of deltas line up)."""
-    if count == 0:
-        return "0 B"
-    return ("+" if count > 0 else "−") + human_bytes(abs(count))
 
 
 def delta_text(before: int | None, after: int | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from shardscope.diff.causes import traffic_delta
 from shardscope.diff.changes import Change, PlanDiff
 from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
@@ -54,13 +55,6 @@ def _why_text(cause: Any) -> str:
     return f"moves {', '.join(cause['tensors']) or '?'}; needed by {cause['consumer']}{where}; rule: {rules}"
 
 
-def _traffic_delta(change: Change) -> int:
-    def side(row: Any) -> int:
-        return int(row["traffic"]) if isinstance(row, dict) and row.get("traffic") is not None else 0
-
-    return side(change.after) - side(change.before)
-
-
 TOP_CHANGES = 5  # collective changes on the report's first screen
 
 
@@ -72,10 +66,10 @@ def top_collectives(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[str,
         for subject in rule.collectives
     }
     why |= {subject: "compiler's choice" for subject in diff.compilers_choices}
-    ranked = sorted(changes, key=lambda c: -abs(_traffic_delta(c)))[:TOP_CHANGES]
+    ranked = sorted(changes, key=lambda c: -abs(traffic_delta(c)))[:TOP_CHANGES]
     rows = []
     for change, row in zip(ranked, collective_rows(ranked), strict=True):
-        delta = _traffic_delta(change)
+        delta = traffic_delta(change)
         rows.append(
             row
             | {"delta": signed_bytes(delta), "trend": "up" if delta > 0 else "down", "why": why.get(change.subject, "")}
@@ -97,7 +91,7 @@ def collective_groups(diff: PlanDiff, changes: Sequence[Change]) -> list[dict[st
     def ranked(subjects: list[str]) -> list[Change]:
         # Largest traffic move first within a group (the groups come ordered the same way).
         found = [by_subject[s] for s in subjects if s in by_subject]
-        return sorted(found, key=lambda c: -abs(_traffic_delta(c)))
+        return sorted(found, key=lambda c: -abs(traffic_delta(c)))
 
     return [
         {

@@ -5,22 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardscope.diff.causes import traffic_delta
 from shardscope.diff.changes import MESH, Change, PlanDiff, RuleChange
 from shardscope.diff.kinds import ChangeKind
-from shardscope.plan.units import human_bytes
+from shardscope.plan.units import signed_bytes
 
 __all__ = ["ExplainedGroup", "explained_groups"]
 
 _MARKS = {ChangeKind.COLLECTIVE_REMOVED: "−", ChangeKind.COLLECTIVE_ADDED: "+", ChangeKind.COLLECTIVE_CHANGED: "~"}
 _TENSORS_SHOWN = 3
-
-
-def _signed(count: int) -> str:
-    return "0 B" if count == 0 else ("+" if count > 0 else "−") + human_bytes(abs(count))
-
-
-def _traffic(side: object) -> int:
-    return int(side["traffic"]) if isinstance(side, dict) and side.get("traffic") is not None else 0
 
 
 @dataclass(frozen=True)
@@ -50,8 +43,8 @@ def _rows(subjects: tuple[str, ...], by_subject: dict[str, Change]) -> tuple[tup
         change = by_subject.get(subject)
         if change is None:
             continue
-        delta = _traffic(change.after) - _traffic(change.before)
-        out.append((_MARKS.get(change.kind, "~"), subject, _signed(delta)))
+        delta = traffic_delta(change)
+        out.append((_MARKS.get(change.kind, "~"), subject, signed_bytes(delta)))
     return tuple(out)
 
 
@@ -72,7 +65,7 @@ def explained_groups(diff: PlanDiff) -> tuple[ExplainedGroup, ...]:
             title=rule.title,
             logical=rule.logical if rule.logical != MESH else "",
             move=rule.move,
-            traffic=f"{_signed(rule.traffic_delta)} per device per step",
+            traffic=f"{signed_bytes(rule.traffic_delta)} per device per step",
             placed=_placed(rule),
             rows=_rows(rule.collectives, by_subject),
             is_rule=True,
@@ -80,13 +73,13 @@ def explained_groups(diff: PlanDiff) -> tuple[ExplainedGroup, ...]:
         for rule in diff.rule_changes
     ]
     if diff.compilers_choices:
-        delta = sum(_traffic(by_subject[s].after) - _traffic(by_subject[s].before) for s in diff.compilers_choices)
+        delta = sum(traffic_delta(by_subject[s]) for s in diff.compilers_choices)
         groups.append(
             ExplainedGroup(
                 title="compiler's choices (no rule change explains them)",
                 logical="",
                 move="",
-                traffic=f"{_signed(delta)} per device per step",
+                traffic=f"{signed_bytes(delta)} per device per step",
                 placed="",
                 rows=_rows(diff.compilers_choices, by_subject),
                 is_rule=False,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import Estimate
-from shardscope.plan.records import CollectiveRow, TensorRecord, axes_label, rule_text
+from shardscope.plan.frames import spec_axes_text
+from shardscope.plan.records import CollectiveRow, axes_label, rule_text
 from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.plan.why import WhyRow
 from shardscope.report.estimate_text import route_label
@@ -16,10 +16,6 @@ from shardscope.report.estimate_text import route_label
 __all__ = ["row_headline", "why_lines"]
 
 _MOVES_SHOWN = 3
-
-
-def _spec(record: TensorRecord) -> str:
-    return "(" + ", ".join("+".join(entry_axes(e)) or "-" for e in record.spec) + ")"
 
 
 def row_headline(row: CollectiveRow, seconds: float | None, estimate: Estimate | None) -> str:
@@ -50,7 +46,7 @@ def why_lines(plan: Plan, rows: Sequence[WhyRow], limit: int | None = None) -> l
             )
         for rule in cause.rules:
             record = tensors.get(rule.tensor)
-            spec = f" sharded {_spec(record)}" if record is not None else ""
+            spec = f" sharded {spec_axes_text(record.spec)}" if record is not None else ""
             lines.append(f"  rule       {rule_text(rule)} (rule {rule.rule} of {plan.case.preset})")
             lines.append(f"    on       {rule.tensor}{spec}")
         moved = " · ".join(cause.tensors[:_MOVES_SHOWN]) or "?"
