@@ -40,7 +40,7 @@ REMAT_POLICIES = (
 @dataclass(frozen=True, kw_only=True)
 class PipelineSettings:
     """Pipeline parallelism: layers split over the `stage_axis` mesh axis, the batch into `microbatches`, the
-    stages visited `repeats` times (circular schedules; the models run 1). The one record for presets and
+    stages visited `repeats` times (circular schedules, see reference_models.pipeline). The one record for presets and
     models alike (a preset file spells the axis `stages_axis`)."""
 
     stage_axis: str = "stage"

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from reference_models.config import DecoderConfig
 from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer, MixtralLayer
 from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec, weights_in
-from reference_models.pipeline import run_pipeline
-from reference_models.remat import remat_policy
+from reference_models.pipeline import PipelineRemat, run_pipeline
+from reference_models.remat import pipeline_remat_policy, remat_policy
 from reference_models.sharding import ShardingContext, current_context, path_prefix
 
 # MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
@@ -97,16 +97,19 @@ class Decoder(nn.Module):
         def apply_layer(params, hidden):
             return layer.apply({"params": params}, hidden, None)[0]
 
-        if self.config.remat != "none":
-            # Each layer inside a stage under the same remat policy as a stack outside a pipeline (MaxText
-            # applies it to the layers it pipelines): without it the recomputed schedule keeps every layer's
-            # activations of every iteration for the backward pass.
-            policy = remat_policy(self.config.remat, self.config.remat_custom)
-            apply_layer = jax.checkpoint(apply_layer, prevent_cse=False, policy=policy)
-
+        # MaxText rematerialises a pipeline's iterations under the model's policy with each layer's input
+        # kept (its pipeline remat policy). Here the layers inside a stage are rematerialised under the
+        # model's policy as outside a pipeline, and the schedule around them keeps each layer's input, so the
+        # backward pass recomputes each layer once from its kept input, as MaxText's does (a schedule that
+        # kept nothing would be recomputed whole first: every layer's forward twice).
+        cfg = self.config
+        remat = None
+        if cfg.remat != "none":
+            layer_policy = remat_policy(cfg.remat, cfg.remat_custom)
+            remat = PipelineRemat(layer=layer_policy, schedule=pipeline_remat_policy(cfg.remat, cfg.remat_custom))
         with path_prefix((*self.path, stack.name)):
             params = self.variables["params"][stack.name]
-            return run_pipeline(apply_layer, params, x, context, PARAM_SCAN_AXIS, context.resolve(RESIDUAL))
+            return run_pipeline(apply_layer, params, x, context, PARAM_SCAN_AXIS, context.resolve(RESIDUAL), remat)
 
 
 class Transformer(nn.Module):

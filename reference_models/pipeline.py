@@ -1,4 +1,4 @@
-"""Pipeline parallelism over a `stage` mesh axis (GPipe schedule): a shard_map over that axis and ppermute.
+"""Pipeline parallelism over a `stage` mesh axis: a shard_map over that axis and ppermute.
 
 The main layer stack's parameters are sharded over the stage axis on their layers dimension (index 1, as
 MaxText stacks them), so stage s holds a contiguous block of layers. The batch is split into microbatches. The whole
@@ -6,13 +6,22 @@ schedule runs inside a shard_map that makes only the stage axis manual: every ot
 meaning (Explicit axes stay part of the array types), so FSDP and the MoE's own shard_map over the
 remaining axes work inside a stage as they do without a pipeline.
 
-Schedule: at each of `microbatches + stages - 1` iterations every stage runs its layers on what it holds,
-then a ppermute (a collective-permute over `stage`) rotates each stage's output to the next stage. Stage
-0 takes a fresh microbatch instead of what it receives; the last stage's outputs from iteration
-`stages - 1` on are the pipeline's result. Stages idle in the bubble compute on values whose results are
-never used, so the math equals running the layers in sequence. The backward pass recomputes the
-schedule (the stage loop is rematerialised) and runs it transposed, so the compiled step has the
-rotation in three loops of `microbatches + stages - 1` trips: forward, recomputed forward, backward.
+Schedule: at each step every stage runs its layers of the current visit on what it holds, then a ppermute
+(a collective-permute over `stage`) rotates each stage's output to the next stage. Stage 0 takes a fresh
+microbatch instead of what it receives. With one visit per stage (GPipe) a stage runs all its layers at
+each of `microbatches + stages - 1` steps. A circular schedule (MaxText's default: `repeats` visits of
+`layers / (stages · repeats)` layers each, one layer per visit unless MaxText's
+`num_layers_per_pipeline_stage` says otherwise) takes `microbatches · repeats + stages - 1` steps: what
+stage 0 receives from the last stage waits in a buffer until that microbatch's next visit, and the bubble
+shrinks to `stages - 1` steps of one visit. Stage s's r-th visit runs the r-th block of its own layers, so
+the layers run in the order s · L/S + r · L/(S·R) + j (visits outer, stages, then layers): the stacked order
+when there is one visit, a fixed relabelling of it otherwise (tested against the single-device step over
+the layers in that order). Stages idle in the bubble compute on values whose results are never used.
+
+Remat, as MaxText's pipeline does it: each layer is rematerialised under the model's policy and the
+schedule around the layers keeps each layer's input (`decoder_layer_input`, offloaded to host memory when
+a custom policy says so), so the backward pass recomputes each layer once from its kept input and runs the
+schedule transposed.
 
 What JAX 0.10 imposes:
 - Varying-axis checks (`check_vma`) are off for this shard_map: with them on, the residuals the nested
@@ -20,7 +29,8 @@ What JAX 0.10 imposes:
   which the partitioner rejects ("manual axes must come before free axes"). Without them every
   collective transposes as written, so the result leaves per stage ([stages, ...] over `stage`) and is
   summed outside (only the last stage's is non-zero): one all-reduce over `stage`.
-- Rematerialising the stage loop keeps residuals from crossing the shard_map boundary at all.
+- The schedule is rematerialised as a whole, so the residuals that cross the shard_map boundary are only
+  the layer inputs it keeps.
 - With Explicit mesh axes, a shard_map manual over only some axes is lowered with the other axes'
   dimensions closed and replicated, so what enters it (the stage's parameters, the microbatches) is
   all-gathered over fsdp/expert once per step at the boundary and sliced again inside. With Auto axes
@@ -30,16 +40,29 @@ What JAX 0.10 imposes:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from reference_models.sharding import ShardingContext, ambient_mesh, entry_axes, place
 
 # Applies one layer: (that layer's params, hidden [batch, seq, embed]) -> hidden.
 LayerFn = Callable[[Any, jax.Array], jax.Array]
+Policy = Callable[..., Any] | None  # a `jax.checkpoint` policy (None: save nothing)
+
+
+@dataclass(frozen=True)
+class PipelineRemat:
+    """How a pipeline rematerialises: each layer under `layer` (the model's remat policy), the schedule
+    around them under `schedule` (which keeps each layer's input, `decoder_layer_input`)."""
+
+    layer: Policy
+    schedule: Policy
 
 
 def run_pipeline(
@@ -49,6 +72,7 @@ def run_pipeline(
     context: ShardingContext,
     layer_axis: int,
     batch_spec: PartitionSpec,
+    remat: PipelineRemat | None = None,
 ) -> jax.Array:
     """Runs `apply_layer` for every layer of `stacked_params` over `x`, pipelined across stages.
 
@@ -61,6 +85,7 @@ def run_pipeline(
       layer_axis: where the layers dimension sits in every parameter.
       batch_spec: the sharding of [batch, seq, embed] inside a stage (the residual stream's); it must not
         use the stage axis.
+      remat: how the backward pass recomputes (None: the layers keep everything, the schedule nothing).
 
     Returns:
       The stack's output, as `x`.
@@ -70,13 +95,17 @@ def run_pipeline(
     axis = settings.stage_axis
     stages = context.mesh.shape[axis]
     count = settings.microbatches
+    repeats = settings.repeats
     layers = jax.tree.leaves(stacked_params)[0].shape[layer_axis]
-    if layers % stages:
-        raise ValueError(f"{layers} layers do not split into {stages} pipeline stages")
+    if layers % (stages * repeats):
+        raise ValueError(f"{layers} layers do not split into {stages} pipeline stages × {repeats} repeats")
+    if repeats > 1 and count < stages:
+        raise ValueError(f"a circular pipeline needs at least as many microbatches ({count}) as stages ({stages})")
     if x.shape[0] % count:
         raise ValueError(f"a batch of {x.shape[0]} does not split into {count} microbatches")
     if any(axis in entry_axes(entry) for entry in batch_spec):
         raise ValueError(f"the activations inside a pipeline stage must not be sharded over {axis!r}: {batch_spec}")
+    per_visit = layers // (stages * repeats)
     micro = _to_microbatches(context, x, count, batch_spec)
     # The microbatches enter every stage whole, so their gradient is summed over the stage axis; JAX writes
     # that sum's reducer with a sharding constraint in it, which XLA's CPU compiler cannot widen from 16-bit
@@ -87,11 +116,29 @@ def run_pipeline(
     if _on_cpu(context) and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
         micro = micro.astype(jnp.float32)
 
-    def stage_layers(params, hidden):
-        def one_layer(h, layer_params):
-            return apply_layer(layer_params, h), None
+    def chosen_layer(blocks, use_previous, hidden):
+        # A circular schedule's step runs the previous or the current visit's layers (`use_previous`); they
+        # are picked here so that a rematerialised layer picks them again in the backward pass instead of
+        # keeping the pick of every step.
+        params = blocks if use_previous is None else jax.tree.map(partial(jax.lax.select, use_previous), *blocks)
+        return apply_layer(params, hidden)
 
-        return jax.lax.scan(one_layer, hidden, jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis, 0), params))[0]
+    run_layer = chosen_layer
+    if remat is not None:
+        checkpointed = jax.checkpoint(chosen_layer, prevent_cse=False, policy=remat.layer)
+
+        def run_layer(blocks, use_previous, hidden):
+            return checkpointed(blocks, use_previous, checkpoint_name(hidden, "decoder_layer_input"))
+
+    def stage_layers(blocks, use_previous, hidden):
+        """One visit's layers in order: `blocks` holds their stacked params (a circular schedule's step: the
+        previous and the current visit's, of which `use_previous` picks)."""
+        stacked = jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis, 0), blocks)
+
+        def one_layer(h, layer):
+            return run_layer(layer, use_previous, h), None
+
+        return jax.lax.scan(one_layer, hidden, stacked)[0]
 
     def schedule(params, micro):
         micro = micro.astype(inner_dtype)
@@ -99,26 +146,77 @@ def run_pipeline(
         first, last = stage == 0, stage == stages - 1
         rotation = [(s, (s + 1) % stages) for s in range(stages)]
 
-        def iteration(carry, step):
-            state, outputs = carry
-            hidden = jnp.where(first, micro[jnp.minimum(step, count - 1)], state)
-            out = stage_layers(params, hidden)
-            finished = step - (stages - 1)
+        def iteration(carry, step, blocks, use_previous=None):
+            """One step of the schedule: every stage runs its layers of this visit (see `stage_layers`)."""
+            state, outputs, *waiting = carry
+            if repeats > 1:
+                # What stage 0 receives is the last stage's output of the step before; it waits here until
+                # its microbatch comes round for its next visit (at least `stages` steps later). Scalar
+                # selects: a predicate broadcast to a buffer's shape would be kept for every step.
+                came, index = step - stages, (step - stage) % count
+                kept = waiting[0][came % count]
+                waiting = [waiting[0].at[came % count].set(jax.lax.select(first & (came >= 0), state, kept))]
+                entering = jax.lax.select(step - stage < count, micro[index], waiting[0][index])
+            else:
+                entering = micro[jnp.minimum(step, count - 1)]
+            hidden = jnp.where(first, entering, state)
+            out = stage_layers(blocks, use_previous, hidden)
+            # The last stage's output of a microbatch's last visit is the pipeline's result for it.
+            finished = step - (stages - 1) - count * (repeats - 1)
             slot = jnp.clip(finished, 0, count - 1)
             outputs = outputs.at[slot].set(jnp.where(last & (finished >= 0), out, outputs[slot]))
-            # Stage s hands its output to stage s + 1 (what reaches stage 0 is replaced by a fresh microbatch).
-            return (jax.lax.ppermute(out, axis, rotation), outputs), None
+            # Stage s hands its output to stage s + 1 (the last stage's goes round to stage 0).
+            return (jax.lax.ppermute(out, axis, rotation), outputs, *waiting)
 
-        state = jnp.zeros_like(micro[0])
-        (_, outputs), _ = jax.lax.scan(iteration, (state, jnp.zeros_like(micro)), jnp.arange(count + stages - 1))
-        return outputs[None]
+        # A circular schedule keeps the microbatches between visits (stage 0's); one visit needs no store.
+        waiting = [jnp.zeros_like(micro)] if repeats > 1 else []
+        carry = (jnp.zeros_like(micro[0]), jnp.zeros_like(micro), *waiting)
+        if repeats == 1:
+            steps = jnp.arange(count + stages - 1)
+            carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, params), None), carry, steps)
+        else:
+            carry = _circular(iteration, carry, params, stage)
+        return carry[1][None]
+
+    def _circular(iteration, carry, params, stage):
+        """The circular schedule's `count · repeats + stages - 1` steps, as rounds of `count` steps.
+
+        In round r stage s runs its r-th block of layers, except in the round's first s steps, when it
+        still finishes its previous visit (block r - 1). The blocks are the rounds' scanned inputs and the
+        previous one rides along, so each step's layers are picked between two blocks: the gradient of a
+        block gathers in a block-sized buffer (a block picked out of all of a stage's layers at a traced
+        index would have its gradient added into a buffer of all of them at every step)."""
+        blocks = jax.tree.map(
+            lambda p: jnp.moveaxis(
+                p.reshape(*p.shape[:layer_axis], repeats, per_visit, *p.shape[layer_axis + 1 :]), layer_axis, 0
+            ),
+            params,
+        )
+
+        def one_round(round_carry, round_input):
+            carry, previous = round_carry
+            current, first_step = round_input
+
+            def one_step(c, i):
+                return iteration(c, first_step + i, (previous, current), i < stage), None
+
+            carry, _ = jax.lax.scan(one_step, carry, jnp.arange(count))
+            return (carry, current), None
+
+        nothing = jax.tree.map(lambda b: jnp.zeros_like(b[0]), blocks)
+        rounds = (blocks, jnp.arange(repeats) * count)
+        (carry, last_block), _ = jax.lax.scan(one_round, (carry, nothing), rounds)
+        # The last stages finish the last visit (the pipeline's drain).
+        drain = jnp.arange(stages - 1) + repeats * count
+        carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, last_block), None), carry, drain)
+        return carry
 
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves
     # for the backward pass get sharded over the already-manual stage axis as well, which the partitioner
     # rejects. Without them every collective transposes as written, so the result leaves per stage
     # ([stages, ...] over the stage axis) rather than as one replicated value.
     run = jax.shard_map(
-        jax.checkpoint(schedule),
+        jax.checkpoint(schedule, policy=None if remat is None else remat.schedule),
         mesh=ambient_mesh(context),
         in_specs=(jax.tree.map(lambda _: PartitionSpec(*(None,) * layer_axis, axis), stacked_params), PartitionSpec()),
         out_specs=PartitionSpec(axis),

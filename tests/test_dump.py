@@ -87,14 +87,31 @@ def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microba
         if path.startswith("params/decoder/dense_layers/"):
             assert tensor.logical is not None and tensor.logical[1] == "dense_layers", path
             assert tensor.spec[1] is None, path
-    # GPipe: the stage-to-stage rotation runs once per iteration, microbatches + stages - 1 times, in the
-    # forward loop and in the backward pass (which recomputes the forward loop, then runs it transposed).
+    # One visit per stage: the stage-to-stage rotation runs once per step, microbatches + stages - 1 times, in
+    # the forward loop and in the backward pass, which runs it transposed (the schedule keeps each layer's
+    # input, so its forward loop is not run again first).
     permutes = [r for r in plan.collectives if r.op == "collective-permute" and r.axes == ("stage",)]
     trips = microbatches + stages - 1
-    assert {(r.pass_, r.loop_trips, r.count) for r in permutes} == {("forward", trips, 1), ("backward", trips, 2)}
+    assert {(r.pass_, r.loop_trips, r.count) for r in permutes} == {("forward", trips, 1), ("backward", trips, 1)}
     assert all(r.shift == 1 for r in permutes)
     # The pipeline's result reaches every stage with one all-reduce over `stage`.
     assert any(r.op == "all-reduce" and r.axes == ("stage",) and r.pass_ == "forward" for r in plan.collectives)
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_a_circular_pipeline_rotates_once_per_step_of_its_longer_schedule(model, plan_of):
+    from shardscope.case import resolve_case
+
+    plan = plan_of(resolve_case(model, "explicit-pipeline", overrides={"pipeline.repeats": "2"}))
+    stages, microbatches, repeats = dict(plan.case.mesh)["stage"], 2, 2
+    permutes = [r for r in plan.collectives if r.op == "collective-permute" and r.axes == ("stage",)]
+    assert stages == 2
+    # microbatches · repeats + stages - 1 steps, each ending in a rotation, and the backward pass runs each
+    # transposed; with two stages the forward drain is one step, which the compiler runs unrolled, and its
+    # rotation (whose result nothing uses) is dropped.
+    steps = microbatches * repeats + stages - 1
+    runs = {p: sum(r.count * r.loop_trips for r in permutes if r.pass_ == p) for p in ("forward", "backward")}
+    assert runs == {"forward": steps - 1, "backward": steps}
 
 
 def test_shard_shape_and_bytes_follow_the_spec(tiny_plans):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import PRESETS, TINY_MODELS
-from reference_models.decoder import Transformer
+from reference_models.decoder import Transformer, layer_stacks
 from shardscope.stages.train_step import make_optimizer, make_train_step
 
 # float32 everywhere; sharded reductions sum in a different order, nothing more.
@@ -58,8 +58,14 @@ CASES = [(preset, {}) for preset in PRESETS] + [(p, {"shard_mode": "explicit"}) 
 )
 @pytest.mark.parametrize("model", MODELS)
 def test_sharded_step_equals_single_device(model, preset, overrides, compiled_cases, references):
-    state, batch, (ref_state, ref_metrics) = references(model)
-    step = compiled_cases(model, preset, **overrides)
+    state, batch, reference = references(model)
+    assert_same_step(compiled_cases(model, preset, **overrides), state, batch, reference)
+
+
+def assert_same_step(step, state, batch, reference, layer_order=None):
+    """The compiled step's loss and gradients (through AdamW's first moment) equal the reference's.
+    `layer_order`: the main stack's stacked layers in the order the step applies them (a circular pipeline's)."""
+    ref_state, ref_metrics = reference
     # From host copies: the compiled step donates its state, which must not be the cached reference.
     placed_state = jax.device_put(jax.tree.map(np.asarray, state), step.abstract.state_shardings)
     placed_batch = jax.device_put(batch, step.abstract.batch_shardings)
@@ -67,10 +73,12 @@ def test_sharded_step_equals_single_device(model, preset, overrides, compiled_ca
     loss, ref_loss = float(metrics["loss"]), float(ref_metrics["loss"])
     assert np.isfinite(ref_loss) and ref_loss > 1.0
     np.testing.assert_allclose(loss, ref_loss, rtol=LOSS_RTOL)
-    got_mu = jax.tree_util.tree_flatten_with_path(new_state["opt_state"][0].mu)[0]
-    want_mu = jax.tree.leaves(ref_state["opt_state"][0].mu)
+    got_mu = new_state["opt_state"][0].mu
+    if layer_order is not None:
+        got_mu = in_layer_order(step.case, got_mu, layer_order)
     worst = 0.0
-    for (path, got), want in zip(got_mu, want_mu, strict=True):
+    got_leaves = jax.tree_util.tree_flatten_with_path(got_mu)[0]
+    for (path, got), want in zip(got_leaves, jax.tree.leaves(ref_state["opt_state"][0].mu), strict=True):
         got, want = np.asarray(got), np.asarray(want)
         scale = float(np.max(np.abs(want)))
         if jax.tree_util.keystr(path).endswith("['gate']['bias']"):
@@ -80,6 +88,55 @@ def test_sharded_step_equals_single_device(model, preset, overrides, compiled_ca
         assert scale > 0, f"zero gradient for {jax.tree_util.keystr(path)}"
         worst = max(worst, float(np.max(np.abs(got - want))) / scale)
     assert worst < GRAD_RTOL_OF_MAX
+
+
+def in_layer_order(case, tree, order):
+    """`tree` (params or a moment of them) with the main stack's stacked layers taken in `order`."""
+    stack = layer_stacks(case.model)[-1].name
+    decoder = dict(tree["decoder"])
+    decoder[stack] = jax.tree.map(lambda leaf: np.take(np.asarray(leaf), order, axis=1), decoder[stack])
+    return {**tree, "decoder": decoder}
+
+
+def circular_order(layers, stages, repeats):
+    """The stacked layers (stage-major: stage s holds s·L/S …) in the order a circular schedule applies
+    them: each visit r of stage s runs that stage's r-th block of L / (S·R) layers."""
+    per_stage, per_visit = layers // stages, layers // (stages * repeats)
+    return [s * per_stage + r * per_visit + j for r in range(repeats) for s in range(stages) for j in range(per_visit)]
+
+
+# Circular pipelines (each stage visited twice, one layer a visit), with the remat policies whose layer
+# inputs the schedule keeps on the device, offloads, or keeps nothing of.
+CIRCULAR_CASES = [
+    ("explicit-pipeline", {}),
+    ("explicit-pipeline", {"shard_mode": "auto"}),
+    (
+        "explicit-pipeline",
+        {"shard_mode": "auto", "model.remat": "custom", "model.remat_custom": "decoder_layer_input:offload"},
+    ),
+    ("explicit-pipeline", {"shard_mode": "auto", "model.remat": "none"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    CIRCULAR_CASES,
+    ids=[p + "".join(f"-{v}" for v in o.values()) for p, o in CIRCULAR_CASES],
+)
+@pytest.mark.parametrize("model", MODELS)
+def test_circular_pipeline_equals_single_device_in_its_layer_order(
+    model, preset, overrides, compiled_cases, references
+):
+    state, batch, _ = references(model)
+    step = compiled_cases(model, preset, **{"pipeline.repeats": "2"}, **overrides)
+    stages = step.case.mesh_sizes[step.case.preset.pipeline.stage_axis]
+    order = circular_order(step.case.model.main_stack_layers, stages, 2)
+    assert order != sorted(order)  # the schedule's order is not the stacking order: the test can tell them apart
+    # The same network with its layers relabelled: the single-device step over the layers in that order.
+    reordered = {**state, "params": in_layer_order(step.case, state["params"], order)}
+    reordered["opt_state"] = make_optimizer().init(reordered["params"])
+    reference = single_device_step(compiled_cases(model, "default").case, reordered, batch)
+    assert_same_step(step, state, batch, reference, layer_order=order)
 
 
 # MaxText's remat policies by name (and `none`): what the backward pass keeps changes, the math does not.

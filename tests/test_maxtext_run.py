@@ -89,6 +89,21 @@ def test_pipeline_keys_size_the_stage_axis_and_default_the_microbatches():
     assert dict(run.settings)["pipeline.microbatches"] == "8"
 
 
+@pytest.mark.parametrize(
+    ("keys", "repeats"),
+    [
+        ("", "16"),  # MaxText's defaults: one layer a visit, so 32 layers / 2 stages = 16 visits (circular)
+        ("num_layers_per_pipeline_stage=4", "4"),
+        ("num_layers_per_pipeline_stage=16", "1"),  # a stage's layers in one visit (GPipe)
+        ("num_pipeline_repeats=2", "2"),
+    ],
+)
+def test_pipeline_repeats_are_maxtexts(keys, repeats):
+    run = maxtext_run(f"ici_pipeline_parallelism=2 {keys}", "llama2-7b", ("data", "stage", "fsdp"), 8, 1, False)
+    assert dict(run.settings)["pipeline.repeats"] == repeats
+    assert ("pipeline.repeats" in run.defaulted) == (keys == "")
+
+
 def test_keys_that_change_the_step_but_are_not_modelled_are_named():
     run = maxtext_run("use_iota_embed=true steps=3 attention=dot_product", "mixtral-tiny", ("fsdp",), 8, 1, True)
     (line,) = [w for w in run.warnings if "not modelled, planned without them" in w]
@@ -152,6 +167,7 @@ def test_seed_003_plans_from_its_command_line(mode):
     assert dict(plan.case.mesh)["stage"] == 2 and dict(plan.case.mesh)["fsdp"] == 2
     assert plan.case.axis_types == mode
     assert dict(plan.case.overrides)["pipeline.microbatches"] == "8"
+    assert dict(plan.case.overrides)["pipeline.repeats"] == "16"  # circular: one layer per visit, as MaxText runs it
     # Each stage holds half of the 32 layers: the stacked dimension of every layer weight is on `stage`.
     query = dict(plan.tensors)["params/decoder/layers/self_attention/query/kernel"]
     assert query.shape[1] == 32 and "stage" in str(query.spec[1])

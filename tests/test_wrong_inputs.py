@@ -120,7 +120,23 @@ CASES: list[tuple[tuple[str, ...], str]] = [
         ("dump", "deepseek-tiny", "--preset", "explicit-pipeline", "--set", "pipeline.microbatches=4"),
         "does not split over fsdp×expert",
     ),
-    (("dump", "deepseek-tiny", "--preset", "explicit-pipeline", "--set", "pipeline.repeats=2"), "circular"),
+    (
+        ("dump", "deepseek-tiny", "--preset", "explicit-pipeline", "--set", "pipeline.repeats=3"),
+        "3 repeats do not split the 2 layers of a stage evenly",
+    ),
+    (
+        (
+            "dump",
+            "deepseek-tiny",
+            "-p",
+            "explicit-pipeline",
+            "--set",
+            "pipeline.repeats=2",
+            "--set",
+            "pipeline.microbatches=1",
+        ),
+        "needs at least as many microbatches as stages",
+    ),
     (("dump", "mixtral-tiny", "--preset", "ep-as-cp", "--set", "model.seq_len=33"), "do not divide"),
     (("dump", "mixtral-tiny", "--preset", "ep-tp", "--mesh", "fsdp=2,expert=4"), "do not divide"),
     # preset files

@@ -268,6 +268,9 @@ def _settings(
         settings["pipeline.microbatches"] = str(stages if microbatches == -1 else microbatches)
         if "num_pipeline_microbatches" not in values:
             defaulted.add("pipeline.microbatches")
+        settings["pipeline.repeats"] = str(_pipeline_repeats(values, model_name, stages))
+        if "num_pipeline_repeats" not in values and "num_layers_per_pipeline_stage" not in values:
+            defaulted.add("pipeline.repeats")
     # How the step runs: base.yml's defaults where the command line is silent.
     defaults = maxtext_defaults()
     for key in _RUN_DEFAULTS:
@@ -287,6 +290,21 @@ def _settings(
             "set capacity_factor=… to choose another)"
         )
     return settings, warnings, defaulted
+
+
+def _pipeline_repeats(values: Mapping[str, Any], model_name: str, stages: int) -> int:
+    """How many times MaxText's schedule visits each stage: `num_pipeline_repeats`, or (-1, its default) the
+    decoder layers over stages × `num_layers_per_pipeline_stage` (default 1: a circular schedule that runs
+    one layer per visit)."""
+    defaults = maxtext_defaults()
+    repeats = values.get("num_pipeline_repeats", defaults["num_pipeline_repeats"])
+    if repeats > 0:
+        return int(repeats)
+    per_stage = values.get("num_layers_per_pipeline_stage", defaults["num_layers_per_pipeline_stage"])
+    layers = values.get("base_num_decoder_layers") or maxtext_model_config(model_name).get(
+        "base_num_decoder_layers", defaults["base_num_decoder_layers"]
+    )
+    return max(int(layers) // (stages * int(per_stage)), 1)
 
 
 def _text(value: Any) -> str:
@@ -315,7 +333,6 @@ _MODEL_KEYS: dict[str, Any] = {
     "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
     "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
     "shard_mode": lambda v: {"shard_mode": v},
-    "num_pipeline_repeats": lambda v: {} if v in (-1, 1) else None,
 }
 # Keys whose base.yml default applies when the command line does not give them (how the step runs).
 _RUN_DEFAULTS = ("attention", "dtype", "remat_policy")
@@ -328,6 +345,8 @@ _HANDLED_ELSEWHERE = frozenset(
         "compile_topology_num_slices",
         "num_slices",
         "num_pipeline_microbatches",
+        "num_pipeline_repeats",
+        "num_layers_per_pipeline_stage",
         "mesh_axes",
         *CUSTOM_REMAT_KEYS,
     }

@@ -199,13 +199,21 @@ def _check_pipeline(case: Case) -> None:
     if stages == 1:
         return
     where = f"preset {case.preset.name}: pipeline over {pipeline.stage_axis}={stages}"
-    if pipeline.repeats != 1:
-        raise ShardscopeError(f"{where}: repeats={pipeline.repeats} (circular pipelines) are not supported; use 1")
     layers = case.model.main_stack_layers
     if layers % stages:
         raise ShardscopeError(
             f"{where}: the main layer stack of {case.model_name} has {layers} layers, which {stages} stages do not "
             f"divide; change --mesh {pipeline.stage_axis}=… or --set model.num_layers=…"
+        )
+    if pipeline.repeats < 1 or layers % (stages * pipeline.repeats):
+        raise ShardscopeError(
+            f"{where}: {pipeline.repeats} repeats do not split the {layers // stages} layers of a stage evenly; "
+            f"change --set pipeline.repeats=… (a divisor of {layers // stages})"
+        )
+    if pipeline.repeats > 1 and pipeline.microbatches < stages:
+        raise ShardscopeError(
+            f"{where}: a circular pipeline ({pipeline.repeats} repeats) needs at least as many microbatches as "
+            f"stages, found {pipeline.microbatches}; change --set pipeline.microbatches=…"
         )
     if case.global_batch % pipeline.microbatches:
         raise ShardscopeError(
