@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.metadata import split_outside_brackets
-from shardscope.hlo.records import Instruction, Module
+from shardscope.hlo.records import Instruction, Module, parameter_index
 from shardscope.hlo.shapes import shape_info
 
 __all__ = ["Narrowing"]
@@ -43,12 +43,7 @@ class _Table:
             for operand in dict.fromkeys(i.operands):
                 self.users.setdefault(operand, []).append(i)
         self.root = next((i for i in instructions if i.is_root), instructions[-1] if instructions else None)
-        self.parameters = {_parameter_index(i): i for i in instructions if i.opcode == "parameter"}
-
-
-def _parameter_index(parameter: Instruction) -> int:
-    # `parameter(3)`: the number is read as the instruction's only operand.
-    return int(parameter.operands[0]) if parameter.operands and parameter.operands[0].isdigit() else -1
+        self.parameters = {parameter_index(i): i for i in instructions if i.opcode == "parameter"}
 
 
 class Narrowing:

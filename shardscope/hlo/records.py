@@ -142,3 +142,8 @@ class Module:
     def by_name(self) -> dict[str, Computation]:
         """Computations by name."""
         return {c.name: c for c in self.computations}
+
+
+def parameter_index(parameter: Instruction) -> int:
+    """The number of a `parameter(3)` instruction (read as its only operand), -1 if it has none."""
+    return int(parameter.operands[0]) if parameter.operands and parameter.operands[0].isdigit() else -1

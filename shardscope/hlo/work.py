@@ -23,13 +23,14 @@ counted in `unknown_computations`, so a caller can tell a complete figure from a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardscope.hlo.executions import Program
 from shardscope.hlo.flops import convolution_flops, dot_flops, parse_window
 from shardscope.hlo.metadata import split_outside_brackets
-from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module
+from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module, parameter_index
 from shardscope.hlo.shapes import async_start_output, hbm_bytes, shape_info
 
 __all__ = ["StepWork", "instruction_flops", "step_work"]
@@ -150,25 +151,70 @@ def fused_computations(program: Program, runs: Mapping[str, int | None]) -> set[
     return fused
 
 
-def _parameter_read_bytes(parameter: Instruction, users: Sequence[Instruction]) -> int:
-    """Bytes a fusion reads of one operand, from how the fused code uses its parameter (XLA's
+def _users(instructions: Sequence[Instruction]) -> dict[str, list[Instruction]]:
+    users: dict[str, list[Instruction]] = {}
+    for instruction in instructions:
+        for operand in dict.fromkeys(instruction.operands):
+            users.setdefault(operand, []).append(instruction)
+    return users
+
+
+def _parameter_read_bytes(program: Program, users: Mapping[str, Sequence[Instruction]], parameter: Instruction) -> int:
+    """Bytes a fusion reads of one operand, from how its fused code uses the parameter (XLA's
     `FusionParameterReadBytes`): a slice reads its slice; a dynamic update never reads the buffer it updates;
-    a broadcast or reshape reads the whole operand each; every other use shares one read of it."""
+    a broadcast or reshape reads the whole operand each; every other use shares one read of it.
+
+    Views are seen through: a bitcast, and a nested fusion that works in place on it (a TPU fusion nests a
+    layout-changing copy that way: `output_to_operand_aliasing`), are the same buffer, read as their users
+    read them. A nested fusion otherwise reads its operand as its own fused code does (so a dynamic slice
+    two fusions deep reads its slice, not the stack of every layer it is taken from). `users`: each value's
+    users in the fused computation."""
     whole = hbm_bytes(parameter.shape)
     size = 0
     shared_read = False
-    for user in users:
-        first = user.operands[:1] == (parameter.name,)
-        if user.opcode == "slice" or (user.opcode == "dynamic-slice" and first):
-            size += min(whole, shape_info(user.shape)[2])
-        elif user.opcode == "dynamic-update-slice" and first:
-            continue
-        elif user.opcode in ("broadcast", "reshape"):
-            size += whole
-        elif not shared_read:
-            shared_read = True
-            size += whole
+    pending = [parameter.name]
+    while pending:
+        value = pending.pop()
+        for user in users.get(value, []):
+            first = user.operands[:1] == (value,)
+            if user.opcode == "slice" or (user.opcode == "dynamic-slice" and first):
+                size += min(whole, shape_info(user.shape)[2])
+            elif user.opcode == "dynamic-update-slice" and first:
+                continue
+            elif user.opcode == "bitcast" or _works_in_place_on(user, value):
+                pending.append(user.name)
+            elif user.opcode == "fusion":
+                size += _nested_read_bytes(program, user, value, whole)
+            elif user.opcode in ("broadcast", "reshape"):
+                size += whole
+            elif not shared_read:
+                shared_read = True
+                size += whole
     return size
+
+
+def _works_in_place_on(fusion: Instruction, operand: str) -> bool:
+    """Whether a (nested) fusion's result is its operand's buffer, changed in place."""
+    aliasing = fusion.attribute("output_to_operand_aliasing")
+    if fusion.opcode != "fusion" or not aliasing:
+        return False
+    indices = {int(index) for index in re.findall(r"\(\s*(\d+)\s*,", aliasing)}
+    return any(fusion.operands[index] == operand for index in indices if index < len(fusion.operands))
+
+
+def _nested_read_bytes(program: Program, fusion: Instruction, operand: str, whole: int) -> int:
+    """Bytes a nested fusion reads of one of its operands (each position it takes it at), at most `whole`."""
+    called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
+    if not called:
+        return whole
+    inner = program.instructions(called[0])
+    parameters = {parameter_index(i): i for i in inner if i.opcode == "parameter"}
+    users = _users(inner)
+    total = 0
+    for index, name in enumerate(fusion.operands):
+        if name == operand and index in parameters:
+            total += _parameter_read_bytes(program, users, parameters[index])
+    return min(whole, total)
 
 
 def _written_bytes(result: Instruction, by_name: Mapping[str, Instruction]) -> int:
@@ -185,11 +231,8 @@ def fusion_bytes(program: Program, fusion: Instruction, operand_shapes: Sequence
     if not inner:
         return instruction_bytes(fusion, operand_shapes)
     by_name = {i.name: i for i in inner}
-    users: dict[str, list[Instruction]] = {}
-    for i in inner:
-        for operand in dict.fromkeys(i.operands):
-            users.setdefault(operand, []).append(i)
-    read = sum(_parameter_read_bytes(i, users.get(i.name, [])) for i in inner if i.opcode == "parameter")
+    users = _users(inner)
+    read = sum(_parameter_read_bytes(program, users, i) for i in inner if i.opcode == "parameter")
     root = next((i for i in inner if i.is_root), inner[-1])
     results = [by_name[o] for o in root.operands if o in by_name] if root.opcode == "tuple" else [root]
     return read + sum(_written_bytes(result, by_name) for result in results)
