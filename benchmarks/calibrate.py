@@ -1,11 +1,14 @@
 """Fits the cost model's constants (`calibration` in shardscope/case/hardware.yaml) to MaxText's published
-step times of dense models, from the plans `published_runs.py --plan` stored (TPU route).
+step times of dense models, from the plans `published_runs.py --plan` stored (every route's: each stored
+plan of a dense run is one point, priced as its route prices it).
 
-Two constants, the same for every generation: the fraction of peak FLOP/s the matrix units reach on the
-compiled step's matmuls (`mxu_efficiency`) and of peak HBM bandwidth its memory traffic reaches
-(`hbm_efficiency`). They are found by a grid search (steps of 0.01 in (0, 1]) minimising the mean squared
-log error of the expected step against the measured one; MoE runs and seed 003 are never used (they
-validate). A third, `cpu_memory_bytes_factor`, is fitted to compiles rather than measurements: the TPU
+The fraction of peak FLOP/s the matrix units reach on the compiled step's matmuls (`mxu_efficiency`) and of
+peak HBM bandwidth its memory traffic reaches (`hbm_efficiency`) are found by a grid search (steps of 0.01)
+minimising the mean squared log error of the expected step against the measured one, first over every
+generation's runs together (the constants of a generation without dense runs), then `mxu_efficiency` again
+for each generation with runs of its own (the matrix units and the compiler differ by generation; HBM
+traffic is a small part of these steps, so its fraction stays shared). MoE runs and seed 003 are never
+used (they validate). A third, `cpu_memory_bytes_factor`, is fitted to compiles rather than measurements: the TPU
 compile's bytes of ops without matrix work over the CPU compile's, on every run planned on both routes.
 Prints the fit, each fitted run's error at the fit, and the lines to put in hardware.yaml.
 
@@ -26,31 +29,57 @@ from shardscope.cost.price import price_plan
 from shardscope.cost.step import expected_step
 
 GRID = [round(0.01 * i, 2) for i in range(20, 101)]
+MIN_RUNS = 2  # a generation's own constant needs two dense runs at least (one would be matched exactly)
 
 
-def fitted_cases() -> list[tuple[str, float, object, list, object]]:
-    """(run id, measured seconds, work profile, priced collective rows, hardware) of every fitted run."""
+def fitted_cases() -> list[tuple[str, str, float, object, list, object]]:
+    """(run id, route, measured seconds, work profile, priced collective rows, hardware) of every stored plan
+    of a fitted run."""
     cases = []
     for run in published_runs.catalogue():
         if published_runs.plannable(run) is not None:
             continue
-        measured, kind = published_runs.measured_step(run)
-        path = published_runs.plan_path(run, "tpu")
-        if run.get("kind") != "dense" or run.get("validation_only") or kind != "logged" or not path.exists():
+        # A step time logged, or derived from a logged or tabled throughput (tokens per step over tokens/s).
+        measured, _ = published_runs.measured_step(run)
+        if run.get("kind") != "dense" or run.get("validation_only") or measured is None:
             continue
-        plan = shardscope.load_plan(path)
-        estimate = price_plan(plan).estimate
-        pairs = [*zip(plan.collectives, estimate.rows, strict=True), *((p.row, p.time) for p in estimate.cross_slice)]
-        cases.append((run["id"], measured, plan.work, pairs, load_hardware(estimate.hardware)))
+        generation = run["topology"].rsplit("-", 1)[0]
+        for route in ("tpu", "cpu"):
+            path = published_runs.plan_path(run, route)
+            if not path.exists():
+                continue
+            plan = shardscope.load_plan(path)
+            estimate = price_plan(plan, None if route == "tpu" else generation).estimate
+            pairs = [
+                *zip(plan.collectives, estimate.rows, strict=True),
+                *((p.row, p.time) for p in estimate.cross_slice),
+            ]
+            cases.append((run["id"], route, measured, plan.work, pairs, load_hardware(generation)))
     return cases
 
 
-def loss(cases: list, mxu: float, hbm: float) -> float:
+def expected(case: tuple, mxu: float, hbm: float, kernel: float | None = None) -> float:
+    _, route, _, work, pairs, hardware = case
+    tuned = dataclasses.replace(hardware, mxu_efficiency=mxu, hbm_efficiency=hbm, kernel_efficiency=kernel)
+    return expected_step(work, pairs, tuned, cpu_program=route == "cpu")
+
+
+def loss(cases: list, mxu: float, hbm: float, kernel: float | None = None) -> float:
+    return sum(math.log(expected(case, mxu, hbm, kernel) / case[2]) ** 2 for case in cases) / len(cases)
+
+
+def fit_generations(cases: list, hbm: float, kernel: float) -> tuple[float, dict[str, float], float]:
+    """At one kernel fraction: the shared matrix-unit fraction (every run), each generation's own (two runs
+    or more), and the loss of every run priced at its generation's."""
+    shared = min(GRID, key=lambda m: (loss(cases, m, hbm, kernel), -m))
+    own: dict[str, float] = {}
     total = 0.0
-    for _, measured, work, pairs, hardware in cases:
-        tuned = dataclasses.replace(hardware, mxu_efficiency=mxu, hbm_efficiency=hbm)
-        total += math.log(expected_step(work, pairs, tuned) / measured) ** 2
-    return total / len(cases)
+    for generation in sorted({case[5].name for case in cases}):
+        theirs = [case for case in cases if case[5].name == generation]
+        if len({case[0] for case in theirs}) >= MIN_RUNS:
+            own[generation] = min(GRID, key=lambda m: (loss(theirs, m, hbm, kernel), -m))
+        total += loss(theirs, own.get(generation, shared), hbm, kernel) * len(theirs)
+    return shared, own, total / len(cases)
 
 
 def memory_bytes(plan) -> int:
@@ -79,19 +108,36 @@ def main() -> int:
             print(f"  {run_id:32s} TPU / CPU bytes of ops without matrix work {ratio:.2f}")
     cases = fitted_cases()
     if not cases:
-        print("no dense run has a stored TPU-route plan: run published_runs.py --plan first", file=sys.stderr)
+        print("no dense run has a stored plan: run published_runs.py --plan first", file=sys.stderr)
         return 1
-    best = min(((loss(cases, m, h), m, h) for m in GRID for h in GRID), key=lambda t: (t[0], -t[1], -t[2]))
-    _, mxu, hbm = best
-    print(f"fitted on {len(cases)} dense runs: mxu_efficiency {mxu:.2f}, hbm_efficiency {hbm:.2f}")
-    for run_id, measured, work, pairs, hardware in cases:
-        tuned = dataclasses.replace(hardware, mxu_efficiency=mxu, hbm_efficiency=hbm)
-        expected = expected_step(work, pairs, tuned)
-        print(f"  {run_id:32s} measured {measured:7.3f} s  expected {expected:7.3f} s  {expected / measured - 1:+.1%}")
+    # HBM's fraction with every op priced alike; then the attention kernel's fraction (one for all
+    # generations: only the dense runs' share of attention, 4% to 19% of their FLOPs, tells it from the
+    # matmuls') with each generation's matrix-unit fraction fitted at it.
+    _, _, hbm = min(((loss(cases, m, h), m, h) for m in GRID for h in GRID), key=lambda t: (t[0], -t[1], -t[2]))
+    fits = {kernel: fit_generations(cases, hbm, kernel) for kernel in GRID}
+    kernel = min(fits, key=lambda k: (fits[k][2], -k))
+    shared, own, _ = fits[kernel]
+    print(
+        f"fitted on {len(cases)} plans of dense runs: hbm_efficiency {hbm:.2f}, kernel_efficiency {kernel:.2f}, "
+        f"mxu_efficiency {shared:.2f} over every generation"
+    )
+    for generation in sorted({case[5].name for case in cases}):
+        theirs = [case for case in cases if case[5].name == generation]
+        runs = len({case[0] for case in theirs})
+        mxu = own.get(generation, shared)
+        whose = "its own" if generation in own else f"the shared one ({runs} dense run: too few for its own)"
+        print(f"{generation}: mxu_efficiency {mxu:.2f}, {whose}, over {len(theirs)} plans of {runs} runs")
+        for case in theirs:
+            value = expected(case, mxu, hbm, kernel)
+            error = value / case[2] - 1
+            print(f"  {case[0]:32s} {case[1]}  measured {case[2]:7.3f} s  expected {value:7.3f} s  {error:+.1%}")
     print("hardware.yaml:\ncalibration:")
-    print(f"  mxu_efficiency: {mxu:.2f}\n  hbm_efficiency: {hbm:.2f}")
+    print(f"  mxu_efficiency: {shared:.2f}\n  hbm_efficiency: {hbm:.2f}\n  kernel_efficiency: {kernel:.2f}")
     if factor is not None:
         print(f"  cpu_memory_bytes_factor: {factor:.2f}")
+    print("  generations:")
+    for generation, value in own.items():
+        print(f"    {generation}: {{mxu_efficiency: {value:.2f}}}")
     return 0
 
 

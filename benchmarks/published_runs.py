@@ -73,10 +73,9 @@ class Row:
 
     @property
     def fitted(self) -> bool:
-        """Whether the calibration may use it: a dense catalogue run with a logged step time."""
-        return (
-            self.run.get("kind") == "dense" and not self.run.get("validation_only") and self.measured_kind == "logged"
-        )
+        """Whether the calibration uses it: a dense catalogue run with a measured step time (logged, or derived
+        from a logged or tabled throughput)."""
+        return self.run.get("kind") == "dense" and not self.run.get("validation_only") and self.measured is not None
 
     def error(self, route: str) -> float | None:
         expected = self.expected.get(route)

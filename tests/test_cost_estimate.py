@@ -119,6 +119,24 @@ def test_without_remat_every_layer_keeps_every_activation():
     assert expected > dict(_estimate(cpu).memory.categories)["activations"]
 
 
+def test_layer_inputs_offloaded_to_the_host_leave_the_hbm_need():
+    cpu = load_golden(GOLDEN / "cpu-8" / "ep-as-cp.json")
+
+    def activations(custom: str) -> int:
+        overrides = (("model.remat", "custom"), ("model.remat_custom", custom))
+        plan = dataclasses.replace(cpu, case=dataclasses.replace(cpu.case, overrides=overrides))
+        return dict(_estimate(plan).memory.categories)["activations"]
+
+    tensors = cpu.tensor_map
+    inputs = (
+        tensors["activations/decoder/dense_layers/inputs"].bytes_per_device * 1
+        + tensors["activations/decoder/moe_layers/inputs"].bytes_per_device * 4
+    )
+    kept = dict(_estimate(cpu).memory.categories)["activations"]
+    assert activations("decoder_layer_input:device") == kept
+    assert activations("query_proj:offload,decoder_layer_input:offload") == kept - inputs
+
+
 def test_memory_over_capacity_says_by_how_much():
     # An estimate (a CPU compile priced as TPU) against a chip too small for it; a TPU compile's own verdict
     # is that it fits (below).

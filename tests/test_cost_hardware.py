@@ -87,14 +87,34 @@ def test_a_calibration_outside_zero_to_one_is_refused(monkeypatch, value):
     table["calibration"]["mxu_efficiency"] = value
     monkeypatch.setattr(hardware, "_table", lambda: table)
     with pytest.raises(HardwareError, match=r"calibration\.mxu_efficiency must be in"):
-        load_hardware("v5p")
+        load_hardware("v4")  # a generation without constants of its own takes the shared ones
 
 
-def test_the_calibration_applies_to_every_generation():
-    fitted = hardware._table()["calibration"]
+def test_a_generation_takes_its_own_fitted_constants_else_the_shared_ones():
+    calibration = hardware._table()["calibration"]
+    own = calibration["generations"]
+    assert own, "the table fits some generations' constants of their own"
     for name in hardware.known_hardware():
         entry = load_hardware(name)
+        fitted = {**calibration, **own.get(name, {})}
         assert (entry.mxu_efficiency, entry.hbm_efficiency) == (fitted["mxu_efficiency"], fitted["hbm_efficiency"])
+    assert any(load_hardware(name).mxu_efficiency != calibration["mxu_efficiency"] for name in own)
+
+
+@pytest.mark.parametrize(
+    ("generations", "message"),
+    [
+        ({"v5p": 0.8}, "must map generations to fitted constants"),
+        ({"v5p": {"mxu": 0.8}}, "unknown constants mxu"),
+        ({"v5p": {"mxu_efficiency": 1.2}}, r"calibration\.mxu_efficiency must be in"),
+    ],
+)
+def test_a_wrong_generation_calibration_is_refused(monkeypatch, generations, message):
+    table = yaml.safe_load(yaml.safe_dump(hardware._table()))
+    table["calibration"]["generations"] = generations
+    monkeypatch.setattr(hardware, "_table", lambda: table)
+    with pytest.raises(HardwareError, match=message):
+        load_hardware("v5p")
 
 
 def test_every_figure_in_the_file_has_a_source_nearby():

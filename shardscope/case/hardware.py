@@ -67,6 +67,8 @@ class Hardware:
     # units reach on a compiled step's matmuls, and of peak bandwidth its HBM traffic reaches.
     mxu_efficiency: float = 1.0
     hbm_efficiency: float = 1.0
+    # ... and the fraction the attention kernel's FLOPs reach (None: the matmuls' fraction).
+    kernel_efficiency: float | None = None
     # A CPU compile's bytes of ops without matrix work, as the TPU's compile of the same step touches them
     # (fitted to compiles of both; `shardscope.cost.step.bin_seconds`).
     cpu_memory_bytes_factor: float = 1.0
@@ -196,19 +198,22 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any, calibration: dict
         values[key] = int(value) if integral else float(value)
     if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) or not 0 < efficiency <= 1:
         raise HardwareError(f"{_where()}: 'efficiency' must be in (0, 1], found {efficiency!r}")
-    fitted = {key: _fraction(key, (calibration or {}).get(key, 1.0)) for key in CALIBRATED}
+    given = calibration or {}
+    fitted = {key: _fraction(key, given.get(key, 1.0)) for key in CALIBRATED if key != "kernel_efficiency"}
+    kernel = given.get("kernel_efficiency")
     return Hardware(
         name=name,
         efficiency=float(efficiency),
         mxu_efficiency=fitted["mxu_efficiency"],
         hbm_efficiency=fitted["hbm_efficiency"],
         cpu_memory_bytes_factor=fitted["cpu_memory_bytes_factor"],
+        kernel_efficiency=None if kernel is None else _fraction("kernel_efficiency", kernel),
         **values,
     )
 
 
 # The table's `calibration` block: constants fitted to published runs (each a fraction of a peak figure).
-CALIBRATED = ("mxu_efficiency", "hbm_efficiency", "cpu_memory_bytes_factor")
+CALIBRATED = ("mxu_efficiency", "hbm_efficiency", "kernel_efficiency", "cpu_memory_bytes_factor")
 
 
 def _fraction(key: str, value: Any) -> float:
@@ -229,7 +234,24 @@ def load_hardware(name: str) -> Hardware:
     generation = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
     if generation not in table["generations"]:
         raise HardwareError(unknown_name("hardware", name, table["generations"]).args[0])
+    return hardware_from_dict(
+        generation, table["generations"][generation], table.get("efficiency"), _calibration(table, generation)
+    )
+
+
+def _calibration(table: dict[str, Any], generation: str) -> dict[str, Any]:
+    """The fitted constants of a generation: the table's own for it (`calibration.generations.<name>`), else
+    the ones fitted to every generation's runs together."""
     calibration = table.get("calibration")
-    if calibration is not None and not isinstance(calibration, dict):
+    if calibration is None:
+        return {}
+    if not isinstance(calibration, dict):
         raise HardwareError(f"{_where()}: 'calibration' must be a mapping of fitted constants")
-    return hardware_from_dict(generation, table["generations"][generation], table.get("efficiency"), calibration)
+    own = calibration.get("generations") or {}
+    if not isinstance(own, dict) or not all(isinstance(v, dict) for v in own.values()):
+        raise HardwareError(f"{_where()}: 'calibration.generations' must map generations to fitted constants")
+    unknown = sorted({key for value in own.values() for key in value} - set(CALIBRATED))
+    if unknown:
+        raise HardwareError(f"{_where()}: calibration.generations has unknown constants {', '.join(unknown)}")
+    shared = {key: value for key, value in calibration.items() if key != "generations"}
+    return {**shared, **own.get(generation, {})}

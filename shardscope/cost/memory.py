@@ -60,12 +60,19 @@ def remat_policy(plan: Plan) -> str:
     return dict(plan.case.overrides).get("model.remat", "full")
 
 
+def _layer_input_offloaded(plan: Plan) -> bool:
+    overrides = dict(plan.case.overrides)
+    custom = overrides.get("model.remat_custom", "").split(",")
+    return overrides.get("model.remat") == "custom" and "decoder_layer_input:offload" in custom
+
+
 def activation_bytes(plan: Plan) -> int:
     """Bytes of constrained activations alive per device at the peak of the backward pass.
 
     Without remat every layer keeps every activation: each one times the layers of its block. With full
     remat a layer keeps only its input (`<block>/inputs`) and recomputes the rest when its backward pass
-    runs, so the peak is every layer's input plus one layer's activations (the largest block's).
+    runs, so the peak is every layer's input plus one layer's activations (the largest block's). A custom
+    policy that offloads the layer input (`decoder_layer_input=offload`) keeps it in host memory instead.
     """
     trips = layer_trips(plan)
     per_block: dict[str | None, int] = defaultdict(int)
@@ -78,6 +85,8 @@ def activation_bytes(plan: Plan) -> int:
         if block is not None and path.split("/", 1)[1] == f"{block}/inputs":
             kept_inputs += tensor.bytes_per_device * trips[block]
     outside = per_block.pop(None, 0)
+    if _layer_input_offloaded(plan):
+        kept_inputs = 0
     if remat_policy(plan) == "none":
         return outside + sum(size * trips[block] for block, size in per_block.items() if block is not None)
     return outside + kept_inputs + max(per_block.values(), default=0)

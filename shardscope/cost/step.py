@@ -4,7 +4,8 @@ transfers) overlapped with the compute of the same loop body, as the TPU compile
 - Compute: each op takes max(matrix FLOPs / (peak × MXU efficiency), HBM bytes / (bandwidth × HBM
   efficiency)); the plan's work profile (`shardscope.hlo.profile`) holds the ops binned by arithmetic
   intensity, so the sum of per-op maxima is taken bin by bin. Attention-kernel ops count their FLOPs only
-  (the kernel keeps its scores on chip).
+  (the kernel keeps its scores on chip), at the kernel's own fraction of peak (a flash kernel's blocks of
+  scores, softmax and rescaling keep its matrix units far less busy than a large matmul's).
 - Overlap: the TPU compiler runs collectives asynchronously and its latency-hiding scheduler moves their
   start away from their use, within the computation that holds them; a loop body's collectives are
   pipelined against the body's own compute. Ops and collective rows are grouped by region: how many times
@@ -42,7 +43,7 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False) -
     compiles of the same cases by benchmarks/calibrate.py)."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
     if entry.kind == "kernel":
-        return entry.flops / flops_rate
+        return entry.flops / (hardware.flops_per_device * (hardware.kernel_efficiency or hardware.mxu_efficiency))
     if entry.kind == "host":
         return 0.0
     nbytes = entry.bytes * (hardware.cpu_memory_bytes_factor if cpu_program and entry.kind == "memory" else 1.0)
