@@ -105,28 +105,24 @@ def circular_order(layers, stages, repeats):
     return [s * per_stage + r * per_visit + j for r in range(repeats) for s in range(stages) for j in range(per_visit)]
 
 
-# Circular pipelines (each stage visited twice, one layer a visit), with the remat policies whose layer
-# inputs the schedule keeps on the device, offloads, or keeps nothing of.
+# Circular pipelines (each stage visited twice, one layer a visit), Explicit and Auto, with the remat
+# policies whose layer inputs the schedule keeps on the device, offloads, or keeps nothing of.
+AUTO = {"shard_mode": "auto"}
+OFFLOAD = {"model.remat": "custom", "model.remat_custom": "decoder_layer_input:offload"}
 CIRCULAR_CASES = [
-    ("explicit-pipeline", {}),
-    ("explicit-pipeline", {"shard_mode": "auto"}),
-    (
-        "explicit-pipeline",
-        {"shard_mode": "auto", "model.remat": "custom", "model.remat_custom": "decoder_layer_input:offload"},
-    ),
-    ("explicit-pipeline", {"shard_mode": "auto", "model.remat": "none"}),
+    *((model, overrides) for model in MODELS for overrides in ({}, AUTO)),
+    ("llama-tiny", {**AUTO, **OFFLOAD}),
+    ("deepseek-tiny", {**AUTO, "model.remat": "none"}),
 ]
 
 
 @pytest.mark.parametrize(
-    ("preset", "overrides"),
+    ("model", "overrides"),
     CIRCULAR_CASES,
-    ids=[p + "".join(f"-{v}" for v in o.values()) for p, o in CIRCULAR_CASES],
+    ids=[m + "".join(f"-{v}" for v in o.values()) for m, o in CIRCULAR_CASES],
 )
-@pytest.mark.parametrize("model", MODELS)
-def test_circular_pipeline_equals_single_device_in_its_layer_order(
-    model, preset, overrides, compiled_cases, references
-):
+def test_circular_pipeline_equals_single_device_in_its_layer_order(model, overrides, compiled_cases, references):
+    preset = "explicit-pipeline"
     state, batch, _ = references(model)
     step = compiled_cases(model, preset, **{"pipeline.repeats": "2"}, **overrides)
     stages = step.case.mesh_sizes[step.case.preset.pipeline.stage_axis]
