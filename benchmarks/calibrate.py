@@ -28,7 +28,7 @@ from shardscope.case.hardware import load_hardware
 from shardscope.cost.price import price_plan
 from shardscope.cost.step import expected_step
 
-GRID = [round(0.01 * i, 2) for i in range(20, 101)]
+GRID = [round(0.01 * i, 2) for i in range(20, 101)]  # every fraction is searched in steps of 0.01 over it
 MIN_RUNS = 2  # a generation's own constant needs two dense runs at least (one would be matched exactly)
 
 
@@ -68,16 +68,30 @@ def loss(cases: list, mxu: float, hbm: float, kernel: float | None = None) -> fl
     return sum(math.log(expected(case, mxu, hbm, kernel) / case[2]) ** 2 for case in cases) / len(cases)
 
 
+def best_fraction(objective) -> float:
+    """The fraction of GRID with the least `objective` (the larger on a tie), searched in steps of 0.05
+    and then of 0.01 around the best (the losses here have one minimum)."""
+    coarse = min(GRID[::5], key=lambda f: (objective(f), -f))
+    return min((f for f in GRID if abs(f - coarse) <= 0.05), key=lambda f: (objective(f), -f))
+
+
+def best_kernels(cases: list, hbm: float) -> list[float]:
+    """The kernel fractions worth fitting the generations at, for one HBM fraction: GRID in steps of 0.05,
+    then in steps of 0.01 around the best of those."""
+    coarse = min(GRID[::5], key=lambda k: (fit_generations(cases, hbm, k)[2], -k))
+    return [k for k in GRID if abs(k - coarse) <= 0.05]
+
+
 def fit_generations(cases: list, hbm: float, kernel: float) -> tuple[float, dict[str, float], float]:
-    """At one kernel fraction: the shared matrix-unit fraction (every run), each generation's own (two runs
-    or more), and the loss of every run priced at its generation's."""
-    shared = min(GRID, key=lambda m: (loss(cases, m, hbm, kernel), -m))
+    """At one HBM and kernel fraction: the shared matrix-unit fraction (every run), each generation's own
+    (two runs or more), and the loss of every run priced at its generation's."""
+    shared = best_fraction(lambda m: loss(cases, m, hbm, kernel))
     own: dict[str, float] = {}
     total = 0.0
     for generation in sorted({case[5].name for case in cases}):
         theirs = [case for case in cases if case[5].name == generation]
         if len({case[0] for case in theirs}) >= MIN_RUNS:
-            own[generation] = min(GRID, key=lambda m: (loss(theirs, m, hbm, kernel), -m))
+            own[generation] = best_fraction(lambda m, theirs=theirs: loss(theirs, m, hbm, kernel))
         total += loss(theirs, own.get(generation, shared), hbm, kernel) * len(theirs)
     return shared, own, total / len(cases)
 
@@ -110,13 +124,16 @@ def main() -> int:
     if not cases:
         print("no dense run has a stored plan: run published_runs.py --plan first", file=sys.stderr)
         return 1
-    # HBM's fraction with every op priced alike; then the attention kernel's fraction (one for all
-    # generations: only the dense runs' share of attention, 4% to 19% of their FLOPs, tells it from the
-    # matmuls') with each generation's matrix-unit fraction fitted at it.
-    _, _, hbm = min(((loss(cases, m, h), m, h) for m in GRID for h in GRID), key=lambda t: (t[0], -t[1], -t[2]))
-    fits = {kernel: fit_generations(cases, hbm, kernel) for kernel in GRID}
-    kernel = min(fits, key=lambda k: (fits[k][2], -k))
-    shared, own, _ = fits[kernel]
+    # The attention kernel's fraction is one for all generations (only the dense runs' share of attention,
+    # 4% to 19% of their FLOPs, tells it from the matmuls'), and so is HBM's; each generation's matmul
+    # fraction is fitted at every pair of them, and the pair with the least loss of every run is kept.
+    fits = {
+        (hbm, kernel): fit_generations(cases, hbm, kernel)
+        for hbm in GRID[::5]
+        for kernel in best_kernels(cases, hbm)
+    }
+    hbm, kernel = min(fits, key=lambda pair: (fits[pair][2], -pair[0], -pair[1]))
+    shared, own, _ = fits[(hbm, kernel)]
     print(
         f"fitted on {len(cases)} plans of dense runs: hbm_efficiency {hbm:.2f}, kernel_efficiency {kernel:.2f}, "
         f"mxu_efficiency {shared:.2f} over every generation"
