@@ -128,9 +128,7 @@ def main() -> int:
     # 4% to 19% of their FLOPs, tells it from the matmuls'), and so is HBM's; each generation's matmul
     # fraction is fitted at every pair of them, and the pair with the least loss of every run is kept.
     fits = {
-        (hbm, kernel): fit_generations(cases, hbm, kernel)
-        for hbm in GRID[::5]
-        for kernel in best_kernels(cases, hbm)
+        (hbm, kernel): fit_generations(cases, hbm, kernel) for hbm in GRID[::5] for kernel in best_kernels(cases, hbm)
     }
     hbm, kernel = min(fits, key=lambda pair: (fits[pair][2], -pair[0], -pair[1]))
     shared, own, _ = fits[(hbm, kernel)]
