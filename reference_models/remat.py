@@ -65,12 +65,10 @@ def remat_policy(name: str, custom: Sequence[tuple[str, str]] = ()) -> Callable[
     raise ValueError(f"unknown remat policy {name!r}")
 
 
-def pipeline_remat_policy(name: str, custom: Sequence[tuple[str, str]] = ()) -> Callable[..., Any] | None:
-    """The policy of a pipeline's rematerialised schedule: each layer's input (`decoder_layer_input`) kept,
-    on the device or, when the custom policy offloads it, in host memory; the layers inside are
-    rematerialised under `remat_policy`. `none` keeps nothing (the schedule is recomputed whole)."""
-    if name == "none":
-        return None
+def pipeline_remat_policy(name: str, custom: Sequence[tuple[str, str]] = ()) -> Callable[..., Any]:
+    """The policy of a pipeline's rematerialised schedule (`name` one of `config.REMAT_POLICIES` other than
+    "none"): each layer's input (`decoder_layer_input`) kept, on the device or, when the custom policy
+    offloads it, in host memory; the layers inside are rematerialised under `remat_policy`."""
     offloaded = ("decoder_layer_input", "offload") in tuple(custom) if name == "custom" else False
     return jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[] if offloaded else ["decoder_layer_input"],

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.metadata import split_outside_brackets
-from shardscope.hlo.records import Instruction, Module, parameter_index
+from shardscope.hlo.records import Instruction, Module, parameter_index, users_of
 from shardscope.hlo.shapes import shape_info
 
 __all__ = ["Narrowing"]
@@ -38,10 +38,7 @@ class _Table:
 
     def __init__(self, instructions: Sequence[Instruction]) -> None:
         self.by_name = {i.name: i for i in instructions}
-        self.users: dict[str, list[Instruction]] = {}
-        for i in instructions:
-            for operand in dict.fromkeys(i.operands):
-                self.users.setdefault(operand, []).append(i)
+        self.users = users_of(instructions)
         self.root = next((i for i in instructions if i.is_root), instructions[-1] if instructions else None)
         self.parameters = {parameter_index(i): i for i in instructions if i.opcode == "parameter"}
 

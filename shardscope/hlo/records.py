@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -147,3 +148,12 @@ class Module:
 def parameter_index(parameter: Instruction) -> int:
     """The number of a `parameter(3)` instruction (read as its only operand), -1 if it has none."""
     return int(parameter.operands[0]) if parameter.operands and parameter.operands[0].isdigit() else -1
+
+
+def users_of(instructions: Sequence[Instruction]) -> dict[str, list[Instruction]]:
+    """Each value's users among `instructions` (one computation's), in order, each user once."""
+    users: dict[str, list[Instruction]] = {}
+    for instruction in instructions:
+        for operand in dict.fromkeys(instruction.operands):
+            users.setdefault(operand, []).append(instruction)
+    return users

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from shardscope.hlo.executions import Program
 from shardscope.hlo.flops import convolution_flops, dot_flops, parse_window
 from shardscope.hlo.metadata import split_outside_brackets
-from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module, parameter_index
+from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module, parameter_index, users_of
 from shardscope.hlo.shapes import async_start_output, hbm_bytes, shape_info
 
 __all__ = ["StepWork", "instruction_flops", "step_work"]
@@ -151,14 +151,6 @@ def fused_computations(program: Program, runs: Mapping[str, int | None]) -> set[
     return fused
 
 
-def _users(instructions: Sequence[Instruction]) -> dict[str, list[Instruction]]:
-    users: dict[str, list[Instruction]] = {}
-    for instruction in instructions:
-        for operand in dict.fromkeys(instruction.operands):
-            users.setdefault(operand, []).append(instruction)
-    return users
-
-
 def _parameter_read_bytes(program: Program, users: Mapping[str, Sequence[Instruction]], parameter: Instruction) -> int:
     """Bytes a fusion reads of one operand, from how its fused code uses the parameter (XLA's
     `FusionParameterReadBytes`): a slice reads its slice; a dynamic update never reads the buffer it updates;
@@ -209,7 +201,7 @@ def _nested_read_bytes(program: Program, fusion: Instruction, operand: str, whol
         return whole
     inner = program.instructions(called[0])
     parameters = {parameter_index(i): i for i in inner if i.opcode == "parameter"}
-    users = _users(inner)
+    users = users_of(inner)
     total = 0
     for index, name in enumerate(fusion.operands):
         if name == operand and index in parameters:
@@ -231,7 +223,7 @@ def fusion_bytes(program: Program, fusion: Instruction, operand_shapes: Sequence
     if not inner:
         return instruction_bytes(fusion, operand_shapes)
     by_name = {i.name: i for i in inner}
-    users = _users(inner)
+    users = users_of(inner)
     read = sum(_parameter_read_bytes(program, users, i) for i in inner if i.opcode == "parameter")
     root = next((i for i in inner if i.is_root), inner[-1])
     results = [by_name[o] for o in root.operands if o in by_name] if root.opcode == "tuple" else [root]
