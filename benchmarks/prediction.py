@@ -1,29 +1,50 @@
-"""Predicted vs compiled collectives on the golden matrix: `python benchmarks/prediction.py [GOLDEN_DIR]`.
+"""The prediction (no compile) against the compiler: `python benchmarks/prediction.py [SECTION ...]`.
 
-For every golden case with collectives, the tensors-only plan (the golden without what the compile added) is
-given to `shardscope.predict`; per case and mesh-axis set, prints the compiled and predicted traffic per device
-per step and the error, the share of compiled traffic whose causes the prediction names, and how many
-predicted forward weight all-gathers match a compiled one. Prints numbers; asserts nothing.
+Sections (all by default):
+  goldens   For every golden case with collectives, the tensors-only plan (the golden without what the
+            compile added) is given to `shardscope.predict`; per case and mesh-axis set, the compiled and
+            predicted traffic per device per step and the error, the share of compiled traffic whose causes
+            the prediction names, and how many predicted forward weight all-gathers match a compiled one.
+  runs      The stored real-size plans of MaxText's published runs (benchmarks/plans: CPU and TPU compiles):
+            each plan's expected step and communication, priced as compiled and as predicted from its tensors
+            alone, and the error.
+  sweep     A search compiled in full (`advise` compiling every candidate screening passes; compiles are
+            cached, so a second run takes seconds): predicted vs compiled expected step per candidate, their
+            Spearman rank correlation, and whether the compiled best is in the predicted top 3.
+            SWEEP=model:topology[:preset,preset] picks it (default deepseek2-16b:cpu-16 on v5p).
+Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
+
+from shardscope.advise.rank import compiled_candidates
+from shardscope.advise.sweep import advise, make_request
+from shardscope.cost.price import price_plan
 from shardscope.golden.cases import DEFAULT_GOLDEN_DIR, load_manifest
 from shardscope.golden.store import golden_path, load_golden
+from shardscope.plan.json import plan_from_json
 from shardscope.predict import predicted_plan
 from shardscope.predict.measure import axes_errors, covered_share, gather_matches, tensors_only
+
+PLANS = Path(__file__).resolve().parent / "plans"
+_GENERATION = re.compile(r"_(v5p|v6e|tpu7x)-")
 
 
 def _kib(count: int) -> str:
     return f"{count / 1024:,.0f}"
 
 
-def main(root: Path) -> None:
-    """Prints the table and a summary of the absolute per-axis errors."""
+def goldens(root: Path = DEFAULT_GOLDEN_DIR) -> None:
+    """Per golden case and axes: compiled vs predicted traffic; a summary of the absolute per-axis errors."""
     errors: list[float] = []
     print(f"{'case':42} {'axes':28} {'compiled KiB':>13} {'predicted KiB':>14} {'error':>8}")
     for case in load_manifest(root):
@@ -52,5 +73,81 @@ def main(root: Path) -> None:
         )
 
 
+def runs() -> None:
+    """Every stored published-run plan: expected step and communication, compiled vs predicted."""
+    print(f"\n{'published run plan':44} {'compiled':>10} {'predicted':>10} {'error':>7}   comm: compiled / predicted")
+    errors: dict[str, list[float]] = {"dense": [], "moe": [], "pipeline": []}
+    for path in sorted(PLANS.glob("*.json")):
+        plan = plan_from_json(path.read_text(), path.name)
+        found = _GENERATION.search(path.stem)
+        generation = found.group(1) if found else "v5p"
+        compiled = price_plan(plan, generation).estimate
+        started = time.perf_counter()
+        predicted = price_plan(predicted_plan(tensors_only(plan)), generation).estimate
+        took = time.perf_counter() - started
+        if compiled is None or predicted is None or not compiled.expected or predicted.expected is None:
+            continue
+        error = predicted.expected / compiled.expected - 1
+        family = (
+            "pipeline" if "seed003" in path.stem else "moe" if re.search(r"mixtral|deepseek", path.stem) else "dense"
+        )
+        errors[family].append(abs(error))
+        print(
+            f"{path.stem:44} {compiled.expected:9.3f}s {predicted.expected:9.3f}s {error:+7.1%}   "
+            f"{compiled.communication:.3f} / {predicted.communication:.3f} s  ({took * 1e3:.0f} ms)"
+        )
+    for family, found in errors.items():
+        if found:
+            print(
+                f"{family}: mean |error| {statistics.mean(found):.1%} over {len(found)} plans, worst {max(found):.1%}"
+            )
+
+
+def sweep(spec: str) -> None:
+    """A whole search compiled: predicted vs compiled expected step, rank correlation, top-3 hit."""
+    model, topology, *rest = spec.split(":")
+    presets = rest[0].split(",") if rest and rest[0] else None
+    hardware = None if topology.startswith(("v", "tpu")) else "v5p"
+    request = make_request(model, topology, presets, None, None, hardware, None)
+    started = time.perf_counter()
+    advice = advise(request, jobs=int(os.environ.get("JOBS", "2")))
+    print(
+        f"\nsweep {model} on {topology} ({'all presets' if presets is None else ', '.join(presets)}): "
+        f"{advice.enumerated} candidates, {advice.predicted} predicted in {advice.predict_seconds:.1f} s, "
+        f"{advice.compiled} compiled + {advice.cached} cached in {time.perf_counter() - started:.0f} s"
+    )
+    rows = [
+        (e.candidate.key, e.step_expected, e.predicted_step, e.fits)
+        for e in compiled_candidates(advice)
+        if e.predicted_step is not None
+    ]
+    table = pd.DataFrame(rows, columns=["candidate", "compiled", "predicted", "fits"])
+    if len(table) < 2:
+        print("fewer than two compiled candidates with a prediction")
+        return
+    table["error"] = table["predicted"] / table["compiled"] - 1
+    rho = table["compiled"].rank().corr(table["predicted"].rank())
+    fitting = table[table["fits"]]
+    best = fitting.sort_values("compiled").iloc[0]["candidate"] if len(fitting) else None
+    top3 = list(fitting.sort_values("predicted")["candidate"][:3])
+    with pd.option_context("display.width", 160, "display.max_rows", 400):
+        print(table.sort_values("compiled").to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(
+        f"Spearman rank correlation over {len(table)} compiled candidates: {rho:.3f}; "
+        f"|error| median {table['error'].abs().median():.1%}, worst {table['error'].abs().max():.1%}; "
+        f"compiled best {best} {'is' if best in top3 else 'is NOT'} in the predicted top 3"
+    )
+
+
+def main(sections: list[str]) -> None:
+    chosen = sections or ["goldens", "runs", "sweep"]
+    if "goldens" in chosen:
+        goldens()
+    if "runs" in chosen:
+        runs()
+    if "sweep" in chosen:
+        sweep(os.environ.get("SWEEP", "deepseek2-16b:cpu-16"))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_GOLDEN_DIR)
+    main(sys.argv[1:])

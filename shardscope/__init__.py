@@ -38,6 +38,7 @@ layer that has all of them below it).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -187,9 +188,12 @@ def rank_shardings(
     jobs: int = 0,
     use_cache: bool = True,
     ray: str | None = None,
+    confirm: int = 0,
+    predict_only: bool = False,
 ) -> Advice:
-    """Every mesh of the topology's devices under each preset, pruned, compiled and ranked by estimated step
-    time among the plans that fit in HBM: what `shardscope advise` computes (`Advice.frame()` is its table).
+    """Every mesh of the topology's devices under each preset, pruned, priced by prediction, compiled and
+    ranked by estimated step time among the plans that fit in HBM: what `shardscope advise` computes
+    (`Advice.frame()` is its table; its `source` column says compiled or predicted).
 
     Args:
       presets: built-in names or preset files (all built-ins when None).
@@ -199,6 +203,9 @@ def rank_shardings(
         Each worker process runs the calling script again as it starts (Python's spawn start method), so a
         script calls this under `if __name__ == "__main__":`; called at its top level, it fails saying so.
       ray: a Ray cluster's address to compile on (host:port), instead of local processes.
+      confirm: compile only the best `confirm` predicted candidates (and those within a tenth of the best);
+        0 (the default here) compiles every candidate screening passes, as `advise --confirm 0`.
+      predict_only: compile nothing; rank by prediction alone.
 
     Raises:
       ShardscopeError: any input that is wrong, before anything compiles.
@@ -208,7 +215,8 @@ def rank_shardings(
     from shardscope.golden.runner import default_jobs
 
     names = None if presets is None else [str(p) for p in presets]
-    request = make_request(model, topology, names, mesh, settings, hardware, efficiency)
+    request = make_request(model, topology, names, mesh, settings, hardware, efficiency, confirm)
+    request = dataclasses.replace(request, predict_only=predict_only)
     if ray is not None:
         from shardscope.golden.ray_pool import check_reachable  # lazy: Ray is an optional extra
 

@@ -223,7 +223,8 @@ def test_held_axes_limit_the_search(tmp_path):
 
 def test_the_command_prints_a_ranked_table_and_writes_every_format(exhaustive, tmp_path, monkeypatch, capsys):
     html, table = tmp_path / "advice.html", tmp_path / "advice.csv"
-    argv = ["shardscope", "advise", "deepseek-tiny", "-p", "ep-tp", "--hardware", "v5p", "--top", "3"]
+    # --confirm 0: compile every candidate screening passes, as the exhaustive search it is held against.
+    argv = ["shardscope", "advise", "deepseek-tiny", "-p", "ep-tp", "--hardware", "v5p", "--top", "3", "--confirm", "0"]
     monkeypatch.setattr(sys, "argv", [*argv, "--html", str(html), "--csv", str(table)])
     with pytest.raises(SystemExit) as exit_info:
         main()
@@ -307,7 +308,7 @@ def test_the_same_placement_under_other_settings_is_another_program():
 
 def test_a_piped_advise_prints_a_line_per_tenth_of_its_plans(monkeypatch, capsys):
     argv = ["shardscope", "advise", "mixtral-tiny", "-p", "pure-fsdp", "-p", "ep-as-cp", "--mesh", "data=1,stage=1"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--hardware", "v5p"])
+    monkeypatch.setattr(sys, "argv", [*argv, "--hardware", "v5p", "--confirm", "0"])
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 0
@@ -361,3 +362,48 @@ def test_advise_takes_maxtexts_command_line(tmp_path, monkeypatch):
     ):
         refused = CliRunner().invoke(app, ["advise", "mixtral-tiny", "--maxtext", words, *wrong])
         assert refused.exit_code == 2 and message in refused.output
+
+
+def test_a_predicted_search_compiles_only_the_best_few_and_says_which_figures_are_which(exhaustive):
+    request = request_for("deepseek-tiny", "ep-tp", confirm=2, margin=0.0)
+    advice = advise(request, jobs=2)
+    screened_in = sum(s.verdict == "compile" for s in advice.screenings)
+    assert advice.predicted == screened_in == 19
+    priced = compiled_candidates(advice)
+    compiled = [e for e in priced if e.source == "compiled"]
+    predicted = [e for e in priced if e.source == "predicted"]
+    assert len(compiled) == 2 and len(predicted) == screened_in - 2
+    # The compiled rows carry the exhaustive search's own figures for their candidates, and their prediction.
+    full = {e.candidate.key: e for e in compiled_candidates(exhaustive["deepseek-tiny"])}
+    for entry in compiled:
+        assert entry.step_expected == full[entry.candidate.key].step_expected
+        assert entry.predicted_step is not None and entry.predicted_step > 0
+    # The two compiled are the two best predicted, and rank above every predicted-only row.
+    by_prediction = sorted((e for e in priced if e.fits), key=lambda e: (e.predicted_step, e.candidate.index))
+    assert {e.candidate.key for e in compiled} == {e.candidate.key for e in by_prediction[:2]}
+    ranks = {e.candidate.key: e.rank for e in advice.ranking}
+    assert max(ranks[e.candidate.key] for e in compiled) < min(ranks[e.candidate.key] for e in predicted if e.fits)
+    rows = list(csv.DictReader(io.StringIO(advice_to_csv(advice))))
+    assert {r["source"] for r in rows} == {"compiled", "predicted"}
+    assert all(r["predicted_step_s"] for r in rows)
+
+
+def test_predict_only_compiles_nothing_and_a_margin_compiles_the_close_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDSCOPE_CACHE_DIR", str(tmp_path))
+    alone = advise(request_for("mixtral-tiny", "ep-as-cp", predict_only=True), jobs=1)
+    assert alone.compiled == alone.cached == 0 and alone.predicted > 0
+    assert all(e.source == "predicted" for e in compiled_candidates(alone))
+    predicted = {e.candidate.key: e.step_expected for e in alone.ranking}
+    steps = sorted(set(predicted.values()))
+    # A margin that reaches the third-best predicted step compiles exactly those within it.
+    margin = steps[2] / steps[0] - 1 + 1e-9
+    close = advise(request_for("mixtral-tiny", "ep-as-cp", confirm=1, margin=margin), jobs=2)
+    compiled = {e.candidate.key for e in compiled_candidates(close) if e.source == "compiled"}
+    assert compiled == {key for key, step in predicted.items() if step <= steps[2]} and len(compiled) >= 3
+
+
+def test_the_commands_defaults_are_the_librarys():
+    from shardscope.advise import advice
+    from shardscope.cli import advise as command
+
+    assert (command.DEFAULT_CONFIRM, command.DEFAULT_MARGIN) == (advice.DEFAULT_CONFIRM, advice.DEFAULT_MARGIN)

@@ -14,7 +14,19 @@ import pytest
 pytest.importorskip("ray")
 
 RAY = str(Path(sys.executable).parent / "ray")
-SEARCH = ["advise", "mixtral-tiny", "--preset", "ep-as-cp", "--mesh", "data=1,stage=1", "--hardware", "v5p"]
+# --confirm 0: every candidate compiled (on the cluster), not only the best predicted.
+SEARCH = [
+    "advise",
+    "mixtral-tiny",
+    "--preset",
+    "ep-as-cp",
+    "--mesh",
+    "data=1,stage=1",
+    "--hardware",
+    "v5p",
+    "--confirm",
+    "0",
+]
 
 
 def _free_port() -> int:

@@ -16,6 +16,13 @@ if TYPE_CHECKING:
 
 # The generation a CPU topology is priced on when the user names none (as the golden set's cases are).
 DEFAULT_HARDWARE = "v5p"
+# How many of the best predicted candidates `shardscope advise` compiles to confirm the prediction.
+DEFAULT_CONFIRM = 3
+# How far behind the predicted best a candidate may be and still be compiled: the prediction's step time
+# is within 5% of the compiler's on dense published runs and 13–36% below it on MoE ones, with the same
+# bias within one model (benchmarks/prediction.py), so a tenth keeps what the prediction's error could
+# put first.
+DEFAULT_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,11 @@ class SweepRequest:
     hardware: str | None = None  # None: a TPU topology's own generation, else DEFAULT_HARDWARE
     efficiency: float | None = None
     exhaustive: bool = False  # compile every valid candidate, prune nothing (to audit the pruning)
+    # Compile only the `confirm` best predicted candidates (and those within `margin` of the best); None:
+    # compile every candidate screening passes. `predict_only`: compile nothing, rank by prediction.
+    confirm: int | None = None
+    margin: float = DEFAULT_MARGIN
+    predict_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,8 @@ class Advice:
     cached: int  # read from the plan cache
     seconds: float  # wall time
     same_program: int = 0  # screened in, but the same program as another candidate: its plan, not compiled
+    predicted: int = 0  # candidates priced by prediction
+    predict_seconds: float = 0.0  # wall time of predicting them all (before any compile)
 
     @property
     def pruned(self) -> tuple[Screening, ...]:

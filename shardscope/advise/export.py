@@ -1,4 +1,5 @@
-"""An `Advice` as plain data: JSON (the whole search) and a CSV table (one row per compiled candidate)."""
+"""An `Advice` as plain data: JSON (the whole search) and a CSV table (one row per priced candidate; its
+`source` says whether the figures are a compiled plan's or a prediction's)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ CSV_COLUMNS = (
     "rank",
     "preset",
     "mesh",
+    "source",
     "fits",
     "step_expected_s",
+    "predicted_step_s",
     "step_no_overlap_s",
     "step_full_overlap_s",
     "communication_s",
@@ -41,8 +44,10 @@ def ranked_row(entry: Ranked) -> dict[str, Any]:
         "rank": entry.rank,
         "preset": entry.candidate.preset_label,
         "mesh": entry.candidate.mesh_text,
+        "source": entry.source,
         "fits": entry.fits,
         "step_expected_s": entry.step_expected,
+        "predicted_step_s": entry.predicted_step,
         "step_no_overlap_s": entry.step_no_overlap,
         "step_full_overlap_s": entry.step_full_overlap,
         "communication_s": entry.communication,
@@ -68,6 +73,7 @@ def counts(advice: Advice) -> dict[str, Any]:
         "compiled": advice.compiled,
         "cached": advice.cached,
         "same_program": advice.same_program,
+        "predicted": advice.predicted,
         "failed": len(advice.failed),
         "fit": len(advice.ranking),
         "over_capacity": len(advice.over_capacity),
@@ -88,6 +94,7 @@ def advice_to_json(advice: Advice) -> dict[str, Any]:
         "efficiency": advice.efficiency,
         "counts": counts(advice),
         "wall_seconds": round(advice.seconds, 3),
+        "predict_seconds": round(advice.predict_seconds, 3),
         "ranking": [ranked_row(e) for e in advice.ranking],
         "over_capacity": [ranked_row(e) for e in advice.over_capacity],
         "failed": [{"preset": c.preset_label, "mesh": c.mesh_text, "error": e} for c, e in advice.failed],

@@ -29,6 +29,9 @@ from shardscope.plan.units import human_bytes, human_seconds
 if TYPE_CHECKING:
     from shardscope.advise.advice import Advice
 
+COMPILED = "compiled"
+PREDICTED = "predicted"
+
 
 @dataclass(frozen=True)
 class Ranked:
@@ -50,6 +53,8 @@ class Ranked:
     reason: str = ""
     program: str = ""  # a digest of the compiled program's collectives, memory and work on this mesh
     same_program: tuple[str, ...] = ()  # other presets that compiled to this program (folded into this row)
+    source: str = COMPILED  # COMPILED: the figures are a compiled plan's; PREDICTED: a prediction's (no compile)
+    predicted_step: float | None = None  # the prediction's expected step, beside a compiled one
 
     @property
     def fits(self) -> bool:
@@ -178,5 +183,29 @@ def _over_reason(entry: Ranked) -> str:
 
 
 def compiled_candidates(advice: Advice) -> tuple[Ranked, ...]:
-    """Every compiled candidate of a search: the ranking, then those over HBM."""
+    """Every priced candidate of a search (compiled, or predicted only): the ranking, then those over HBM."""
     return (*advice.ranking, *advice.over_capacity)
+
+
+def rank_confirmed(
+    compiled: Sequence[Ranked], predicted_only: Sequence[Ranked]
+) -> tuple[tuple[Ranked, ...], tuple[Ranked, ...]]:
+    """The ranking of a search that compiled some candidates: the compiled ones first (their figures are
+    the compiler's), then those only predicted, each group in its own order; rank numbers run on."""
+    ranked, over = rank(compiled)
+    rest, rest_over = rank(predicted_only)
+    best = ranked[0] if ranked else None
+    shifted = tuple(
+        replace(e, rank=len(ranked) + e.rank, reason=_predicted_reason(e, best) if best else e.reason) for e in rest
+    )
+    return (*ranked, *shifted), (*over, *rest_over)
+
+
+def _predicted_reason(entry: Ranked, best: Ranked) -> str:
+    """Why a candidate that was only predicted stays below the compiled ones: its prediction against #1's
+    (predictions compare with predictions; a compiled figure would mix in the prediction's error)."""
+    if best.predicted_step is None:
+        return "predicted only (not compiled)"
+    gap = entry.step_expected - best.predicted_step
+    share = _share(abs(gap), best.predicted_step)
+    return f"predicted {'+' if gap >= 0 else '-'}{_seconds(abs(gap))} ({share}) against #1's prediction (not compiled)"

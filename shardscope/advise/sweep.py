@@ -8,14 +8,16 @@ compiles only what it had not finished (with `use_cache=False` it starts over).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from shardscope.advise.advice import DEFAULT_HARDWARE, Advice, SweepProgress, SweepRequest
+from shardscope.advise.advice import DEFAULT_HARDWARE, DEFAULT_MARGIN, Advice, SweepProgress, SweepRequest
+from shardscope.advise.predicted import predicted_entry, safe_prediction, to_confirm
 from shardscope.advise.programs import ProgramGroup, group_same_programs
 from shardscope.advise.prune import COMPILE, INVALID, Screening, Target, screen, target_of
-from shardscope.advise.rank import Ranked, rank, ranked_of
+from shardscope.advise.rank import Ranked, rank, rank_confirmed, ranked_of
 from shardscope.advise.space import Candidate, live_axes, preset_meshes
 from shardscope.advise.template import Template, load_template, template_case
 from shardscope.case.hardware import load_hardware
@@ -38,9 +40,14 @@ def make_request(
     settings: Mapping[str, str] | Sequence[str] | None,
     hardware: str | None,
     efficiency: float | None,
+    confirm: int = 0,
+    margin: float = DEFAULT_MARGIN,
 ) -> SweepRequest:
     """A request from what users type: all built-in presets when none, `--mesh` text or a mapping of held
-    axes, `--set` strings or a mapping (raises ShardscopeError on malformed text)."""
+    axes, `--set` strings or a mapping, `--confirm` (0: compile every candidate screened in) (raises
+    ShardscopeError on malformed text)."""
+    if confirm < 0:
+        raise ShardscopeError(f"--confirm must be 0 (compile every candidate) or more, found {confirm}")
 
     pinned = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
     overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
@@ -52,6 +59,8 @@ def make_request(
         pinned=tuple(pinned.items()),
         hardware=hardware,
         efficiency=efficiency,
+        confirm=confirm or None,
+        margin=margin,
     )
 
 
@@ -88,6 +97,12 @@ def validate(request: SweepRequest) -> Target:
     else:
         name = name or DEFAULT_HARDWARE
         hardware = load_hardware(name)
+    if request.confirm is not None and request.confirm < 1:
+        raise ShardscopeError(f"--confirm must be at least 1, found {request.confirm}")
+    if not request.margin >= 0:
+        raise ShardscopeError(f"--margin must be 0 or more (a fraction of the best step), found {request.margin}")
+    if request.predict_only and request.exhaustive:
+        raise ShardscopeError("--predict-only compiles nothing; an exhaustive search compiles every candidate")
     if request.efficiency is not None and not 0 < request.efficiency <= 1:
         raise ShardscopeError(f"--efficiency must be in (0, 1], found {request.efficiency}")
     return target_of(request.topology, hardware, name, request.efficiency)
@@ -156,9 +171,14 @@ def advise(
     screenings = tuple(
         screen(c, templates[c.preset], request.model, request.topology, overrides, target) for c in candidates
     )
-    groups = group_same_programs([(s.candidate, s.program) for s in screenings if _wanted(s, request)])
     # A CPU plan names the generation it is priced on; a TPU topology prices as itself unless told otherwise.
     hardware = target.hardware_name
+    predicting = time.perf_counter()
+    predictions = _predict(request, screenings, templates, target, hardware)
+    predict_seconds = time.perf_counter() - predicting
+    chosen = _chosen(request, predictions)
+    wanted = [(s.candidate, s.program) for s in screenings if _wanted(s, request) and s.candidate.index in chosen]
+    groups = group_same_programs(wanted)
     cases = [_golden_case(request, g.representative, hardware) for g in groups]
     by_index = {g.representative.index: g for g in groups}
     entries: list[Ranked] = []
@@ -173,14 +193,19 @@ def advise(
         else:
             plan = plan_from_json(result.plan_json, group.representative.key)
             # Every candidate of the group is this program: each gets its figures, under its own command.
-            fresh = [ranked_of(c, plan, reproduce_command(request, c, hardware)) for c in group.candidates]
+            fresh = [
+                _with_prediction(ranked_of(c, plan, reproduce_command(request, c, hardware)), predictions)
+                for c in group.candidates
+            ]
             entries += fresh
             # The representative stands for the group here: the same figures, and first in search order.
             if fresh[0].fits and (best is None or fresh[0].sort_key() < best.sort_key()):
                 best = fresh[0]
         if progress is not None:
             progress(SweepProgress(done, len(cases), cached, best, group.representative.key))
-    ranking, over = rank(entries)
+    compiled = {e.candidate.index for e in entries} | {c.index for c, _ in failed}
+    only_predicted = [p for index, p in sorted(predictions.items()) if index not in compiled]
+    ranking, over = rank_confirmed(entries, only_predicted) if only_predicted else rank(entries)
     estimate_target = _target_label(request, target)
     return Advice(
         request=request,
@@ -196,7 +221,57 @@ def advise(
         cached=cached,
         seconds=time.perf_counter() - started,
         same_program=sum(len(g.members) for g in groups),
+        predicted=len(predictions),
+        predict_seconds=predict_seconds,
     )
+
+
+def _predict(
+    request: SweepRequest,
+    screenings: Sequence[Screening],
+    templates: Mapping[str, Template],
+    target: Target,
+    hardware: str | None,
+) -> dict[int, Ranked]:
+    """Every candidate screening passed, priced by prediction (milliseconds each: a search that compiles
+    them all still shows each prediction beside its compiled figures)."""
+    overrides = dict(request.overrides)
+    found: dict[int, Ranked] = {}
+    for screening in screenings:
+        if screening.verdict != COMPILE:
+            continue
+        candidate = screening.candidate
+        plan = safe_prediction(
+            candidate, templates[candidate.preset], request.model, request.topology, overrides, target
+        )
+        if isinstance(plan, str):
+            continue  # the compile would refuse it too: screening's own checks passed, pricing did not
+        found[candidate.index] = predicted_entry(plan, candidate, reproduce_command(request, candidate, hardware))
+    return found
+
+
+def _chosen(request: SweepRequest, predictions: Mapping[int, Ranked]) -> frozenset[int] | _Every:
+    """The candidates to compile: all (no prediction asked), none (`predict_only`), or the confirmed few."""
+    if request.predict_only:
+        return frozenset()
+    if request.confirm is None or request.exhaustive:
+        return _Every()
+    return to_confirm(list(predictions.values()), request.confirm, request.margin)
+
+
+class _Every:
+    """Every candidate index (a search that compiles all it screens in)."""
+
+    def __contains__(self, index: object) -> bool:
+        return True
+
+
+def _with_prediction(entry: Ranked, predictions: Mapping[int, Ranked]) -> Ranked:
+    """A compiled row with its prediction beside it (when the search predicted)."""
+    predicted = predictions.get(entry.candidate.index)
+    if predicted is None:
+        return entry
+    return dataclasses.replace(entry, predicted_step=predicted.step_expected)
 
 
 def _wanted(screening: Screening, request: SweepRequest) -> bool:

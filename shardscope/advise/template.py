@@ -74,6 +74,11 @@ class Template:
     rules: tuple[Rule, ...]
     resolved: frozenset[LogicalAxes]  # every logical-axes tuple the trace resolved, recorded on a tensor or not
     _specs: dict[tuple[str | None, ...], Spec] = field(default_factory=dict)
+    # Memoised per (tensor, sizes of the axes its rules name): a search places every tensor on thousands
+    # of meshes, most of which agree on the few axes one tensor's rules use.
+    _records: dict[tuple, tuple[Spec, TensorRecord, str]] = field(default_factory=dict)
+    _placements: dict[tuple, MeshTensors] = field(default_factory=dict)
+    _placeable: list[tuple[str, TensorRecord, tuple[str, ...]]] | None = None
 
     @property
     def logical_names(self) -> frozenset[str]:
@@ -89,22 +94,46 @@ class Template:
         return self._specs[key]
 
     def place(self, mesh: Sequence[tuple[str, int]], pipelined: bool) -> MeshTensors:
-        """The tensors on `mesh`. `pipelined`: the mesh runs the preset's pipeline (stage axis > 1)."""
-        sizes = dict(mesh)
+        """The tensors on `mesh`. `pipelined`: the mesh runs the preset's pipeline (stage axis > 1).
+
+        Memoised per mesh: a search screens a candidate, then predicts it, on the same placement."""
+        key = (tuple(mesh), pipelined)
+        found = self._placements.get(key)
+        if found is None:
+            found = self._placements[key] = self._place(dict(mesh), pipelined)
+        return found
+
+    def _place(self, sizes: dict[str, int], pipelined: bool) -> MeshTensors:
         placed: list[tuple[str, TensorRecord]] = []
         specs: list[Spec] = []
         bad: list[str] = []
-        for path, tensor in self.plan.tensors:
-            if tensor.kind == "output" or (tensor.kind == "activation" and tensor.logical is None):
-                continue
-            spec = self._spec(tensor, sizes)
+        for entry in self._entries():
+            path, tensor, rule_axes = entry
+            # Everything below depends on the mesh only through the sizes of the axes the rules name.
+            cache_key = (path, tuple(sizes.get(a, 1) for a in rule_axes))
+            cached = self._records.get(cache_key)
+            if cached is None:
+                spec = self._spec(tensor, sizes)
+                record, indivisible = _placed_record(path, tensor, spec, sizes)
+                cached = self._records[cache_key] = (spec, record, indivisible)
+            spec, record, indivisible = cached
             specs.append(spec)
             if tensor.kind == "activation" and pipelined:
                 continue
-            for dim, size, axes, ways in indivisible_dims(tensor.shape, spec, sizes)[:1]:
-                bad.append(f"{path}: dimension {dim} of size {size} over {'×'.join(axes)} = {ways} shards")
-            placed.append((path, _record(tensor, spec, sizes)))
+            if indivisible:
+                bad.append(indivisible)
+            placed.append((path, record))
         return MeshTensors(tuple(placed), tuple(specs), tuple(bad), activations_known=not pipelined)
+
+    def _entries(self) -> list[tuple[str, TensorRecord, tuple[str, ...]]]:
+        """The placeable tensors (not outputs, not unnamed activations), each with the axes its rules name."""
+        if self._placeable is None:
+            self._placeable = [
+                (path, tensor, _spec_axes(self.rule_spec(tensor.logical)) if tensor.logical is not None else ())
+                for path, tensor in self.plan.tensors
+                if tensor.kind != "output" and not (tensor.kind == "activation" and tensor.logical is None)
+            ]
+        return self._placeable
 
     def resolved_specs(self, mesh: Sequence[tuple[str, int]]) -> tuple[tuple[LogicalAxes, Spec], ...]:
         """Where the rules put each tuple the trace resolved, on `mesh` (size-1 axes dropped), in a fixed order."""
@@ -116,6 +145,20 @@ class Template:
             return (None,) * len(tensor.shape)
         spec = drop_unit_axes(self.rule_spec(tensor.logical), dict(sizes))
         return spec + (None,) * (len(tensor.shape) - len(spec))
+
+
+def _placed_record(path: str, tensor: TensorRecord, spec: Spec, sizes: Mapping[str, int]) -> tuple[TensorRecord, str]:
+    """The tensor placed by `spec`, and the first dimension its axes do not divide ("" when none)."""
+    bad = [
+        f"{path}: dimension {dim} of size {size} over {'×'.join(axes)} = {ways} shards"
+        for dim, size, axes, ways in indivisible_dims(tensor.shape, spec, dict(sizes))[:1]
+    ]
+    return _record(tensor, spec, sizes), bad[0] if bad else ""
+
+
+def _spec_axes(spec: Spec) -> tuple[str, ...]:
+    """The mesh axes a spec names, in order."""
+    return tuple(a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry))
 
 
 def _record(tensor: TensorRecord, spec: Spec, sizes: Mapping[str, int]) -> TensorRecord:

@@ -31,13 +31,8 @@ from shardscope.errors import PresetError, ShardscopeError, unknown_name
 PRESET_DIR = Path(__file__).parent / "builtin_presets"
 MOE_STRATEGIES = ("all_to_all", "ring")
 SHARD_MODES = ("auto", "explicit")
-MAXTEXT_KEYS = (
-    "mesh_axes",
-    "data_sharding",
-    "logical_axis_rules",
-    "context_sharding",
-    "input_data_sharding_logical_axes",
-)
+_KEYS = "mesh_axes data_sharding logical_axis_rules context_sharding input_data_sharding_logical_axes"
+MAXTEXT_KEYS: tuple[str, ...] = tuple(_KEYS.split())
 OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode", "lint")
 PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats")
 # A preset file's pipeline keys → the fields of the pipeline record.
@@ -356,9 +351,15 @@ def _preset_from_text(text: str, name: str, source: str) -> Preset:
     return preset_from_mapping(data, name, source)
 
 
+@functools.cache
 def builtin_preset_names() -> tuple[str, ...]:
     """Names of the presets shipped with shardscope."""
     return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+
+
+# A built-in preset, read once per process: the package's files do not change under it (a search resolves one
+# per candidate).
+_builtin_preset = functools.cache(lambda name: load_preset_file(PRESET_DIR / f"{name}.yaml"))
 
 
 def _source_name(path: Path) -> str:
@@ -378,7 +379,7 @@ def get_preset(name_or_path: str) -> Preset:
       PresetError: the file is malformed.
     """
     if name_or_path in builtin_preset_names():
-        return load_preset_file(PRESET_DIR / f"{name_or_path}.yaml")
+        return _builtin_preset(name_or_path)
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():

@@ -7,6 +7,7 @@ for v5e and v6e it counts chips. v4/v5p chips run as one "megacore" device; a tp
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -134,8 +135,10 @@ def parse_tpu_slice(name: str) -> TpuSlice:
     )
 
 
+@functools.cache
 def libtpu_version() -> str | None:
-    """The installed libtpu's version, or None without the TPU extra."""
+    """The installed libtpu's version, or None without the TPU extra (read once: a process's installed
+    packages do not change, and a search asks once per candidate)."""
 
     try:
         return metadata.version("libtpu")

@@ -1,9 +1,11 @@
 """`shardscope advise MODEL --topology T`: every mesh of the devices over each preset's axes, pruned
-without compiling where it cannot work or cannot fit, the rest compiled (locally or on a Ray cluster) and
-ranked by estimated step time among the plans that fit in HBM."""
+without compiling where it cannot work or cannot fit, the rest priced by prediction (no compile), the best
+few compiled to confirm (locally or on a Ray cluster), and all ranked by estimated step time among the
+plans that fit in HBM."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -25,6 +27,10 @@ from shardscope.cli.app import (
     make_console,
 )
 from shardscope.errors import ShardscopeError
+
+# Not from shardscope.advise.advice: --help must not load the library (the tests hold the two equal).
+DEFAULT_CONFIRM, DEFAULT_MARGIN = 3, 0.1
+CONFIRM_HELP = "Compile only this many best predicted plans (and any within --margin); 0: every one screened in."
 
 
 @app.command("advise")
@@ -53,6 +59,11 @@ def advise_command(
     as_json: JsonOption = False,
     csv: Annotated[Path | None, typer.Option("--csv", help="Write every compiled plan as CSV here.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write the ranking as one HTML page.")] = None,
+    confirm: Annotated[int, typer.Option(help=CONFIRM_HELP)] = DEFAULT_CONFIRM,
+    margin: Annotated[
+        float, typer.Option(help="Also compile plans predicted within this fraction of #1.")
+    ] = DEFAULT_MARGIN,
+    predict_only: Annotated[bool, typer.Option(help="Rank by prediction alone: compile nothing.")] = False,
     jobs: JobsOption = 0,
     no_cache: NoCacheOption = False,
     ray: RayOption = None,
@@ -71,7 +82,8 @@ def advise_command(
         address, workers = compile_backend(ray, jobs)
         if maxtext is not None:
             topology, presets, mesh, settings = _from_maxtext(model, topology, presets, mesh, settings, maxtext)
-        request = make_request(model, topology, presets, mesh, settings, hardware, efficiency)
+        request = make_request(model, topology, presets, mesh, settings, hardware, efficiency, confirm, margin)
+        request = dataclasses.replace(request, predict_only=predict_only)
         advice = _run(request, workers, not no_cache, address)
     except ShardscopeError as err:
         fail(err)

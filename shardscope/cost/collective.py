@@ -22,6 +22,7 @@ whose neighbours are `stride` chips apart shares those links with `stride` inter
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -138,7 +139,20 @@ def _permute(nbytes: float, ici: Sequence[Span], slices: int, shift: int | None,
     return CollectiveTime(sum(_hops(s) for s in ici) * hardware.ici_hop_latency, nbytes / slowest)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _memoised(op: str, nbytes: float, spans: tuple[Span, ...], hardware: Hardware, shift: int | None) -> CollectiveTime:
+    return _collective_time(op, nbytes, spans, hardware, shift)
+
+
 def collective_time(
+    op: str, nbytes: float, spans: Sequence[Span], hardware: Hardware, shift: int | None = None
+) -> CollectiveTime:
+    """One execution of `op` moving `nbytes` over a group with these spans (`_collective_time`), memoised:
+    a search prices the same few (op, bytes, group) thousands of times."""
+    return _memoised(op, nbytes, tuple(spans), hardware, shift)
+
+
+def _collective_time(
     op: str, nbytes: float, spans: Sequence[Span], hardware: Hardware, shift: int | None = None
 ) -> CollectiveTime:
     """One execution of `op` moving `nbytes` (plan convention) over a group with these spans.

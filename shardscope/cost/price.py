@@ -18,6 +18,7 @@ from shardscope.cost.estimate import estimate_plan
 from shardscope.cost.layout import Layout, layout_for
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import Estimate
+from shardscope.predict import is_predicted
 
 _SLICES = re.compile(r"(?:(\d+)x)?(.+)")
 
@@ -95,6 +96,7 @@ def estimate_of(plan: Plan, target: Target, efficiency: float | None = None) -> 
     """The plan's estimate on a target, from its collectives, its compute figures and its tensors."""
     compute = dict(plan.compute)
     own = tpu_of_topology(plan.case.topology)
+    predicted = is_predicted(plan)
     return estimate_plan(
         plan,
         target.hardware,
@@ -102,11 +104,16 @@ def estimate_of(plan: Plan, target: Target, efficiency: float | None = None) -> 
         efficiency=efficiency,
         flops=compute.get("flops"),
         bytes_accessed=compute.get("bytes_accessed"),
-        exact_memory=own is not None and own[0] == target.hardware.name,
+        exact_memory=own is not None and own[0] == target.hardware.name and not predicted,
         work=plan.work,
-        route=route_of(plan.case.topology, target.hardware.name),
-        cpu_program=own is None,
+        route=PREDICTION_ROUTE.format(target.hardware.name)
+        if predicted
+        else route_of(plan.case.topology, target.hardware.name),
+        cpu_program=own is None and not predicted,
     )
+
+
+PREDICTION_ROUTE = "prediction (no compile) priced as {}"
 
 
 def route_of(topology: str, generation: str) -> str:

@@ -6,6 +6,6 @@ and, with remat, again in the backward pass), each weight gradient's sum over th
 MoE token all-to-alls. `benchmarks/prediction.py` measures the prediction against the compiled goldens.
 """
 
-from shardscope.predict.plan import PREDICTED, predict_collectives, predicted_plan
+from shardscope.predict.plan import PREDICTED, is_predicted, predict_collectives, predicted_plan
 
-__all__ = ["PREDICTED", "predict_collectives", "predicted_plan"]
+__all__ = ["PREDICTED", "is_predicted", "predict_collectives", "predicted_plan"]

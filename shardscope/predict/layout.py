@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shardscope.case.resolve import Case, resolve_case
 from shardscope.case.rules import entry_axes
+from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
 from shardscope.plan.records import TensorRecord
 
 EXPERT_LOGICAL = "exp"
+_TOKEN_INPUT = "inputs/tokens"
 # Flax's `nn.Embed` table: read by a gather of the looked-up rows, never gathered whole nor all-reduced (the
 # compiled goldens move the token ids and the looked-up rows instead: activation traffic, not predicted).
 LOOKUP_TABLE_LEAF = "embedding"
@@ -36,11 +39,66 @@ class Weight:
     gathered_axes: tuple[str, ...]  # mesh order: the axes (size > 1) each layer gathers it over
     kept_axes: tuple[str, ...]  # mesh order: the axes it stays split on where a layer uses it (experts, TP)
     stack_axes: tuple[str, ...]  # mesh order: the axes its layer dims are split on (pipeline stages)
+    # Layers of the stack each loop trip runs: 1, but in a pipeline, whose loop runs once per iteration
+    # (microbatches × repeats + stages − 1, the bubble included) over the layers of one repeat of a stage.
+    per_trip: int = 1
 
     @property
     def is_expert(self) -> bool:
         """A MoE expert weight (it has an `exp` dimension)."""
         return self.record.logical is not None and EXPERT_LOGICAL in self.record.logical
+
+
+def resolved(plan: Plan) -> Case | None:
+    """The plan's case resolved again (model config, pipeline); None when it no longer resolves."""
+    record = plan.case
+    try:
+        return resolve_case(
+            record.model,
+            record.preset_source or record.preset,
+            record.topology,
+            dict(record.mesh),
+            dict(record.overrides),
+        )
+    except (ShardscopeError, OSError, ValueError):
+        return None
+
+
+def device_tokens(plan: Plan) -> int:
+    """Tokens (batch × sequence) a device holds where a layer uses them: the token input's shard."""
+    tokens = plan.tensor_map.get(_TOKEN_INPUT)
+    if tokens is None or not tokens.shard_shape:
+        return 1
+    return math.prod(tokens.shard_shape)
+
+
+def microbatch_tokens(case: Case | None, tokens: int, sizes: dict[str, int], batch_axes: tuple[str, ...]) -> int:
+    """Tokens of one microbatch a device holds in a pipeline: the microbatch's sequences split over the
+    batch axes where they divide them, else held whole (every device of the stage runs them)."""
+    if case is None or case.preset.pipeline is None:
+        return tokens
+    sequences = max(1, case.global_batch // case.preset.pipeline.microbatches)
+    ways = math.prod(sizes[a] for a in batch_axes)
+    if ways > 1 and sequences % ways == 0:
+        sequences //= ways
+    return sequences * case.model.seq_len
+
+
+def capacity(tokens: int, case: Case | None) -> int:
+    """Slots per expert for `tokens` candidate tokens (the MoE body's `_capacity`)."""
+    if case is None or case.model.capacity_factor is None or not case.model.num_experts:
+        return tokens
+    k, experts = case.model.num_experts_per_token, case.model.num_experts
+    return max(1, min(tokens, math.ceil(tokens * k / experts * case.model.capacity_factor)))
+
+
+def moved_dtype(weight_dtype: str, case: Case | None) -> str:
+    """The dtype a weight's gather and gradient sum move: the model casts its weights to the activations'
+    dtype where a layer uses them, and the compiler moves that cast before the collective (on TPU and CPU
+    alike), so a narrower activation dtype is what travels."""
+    if case is None:
+        return weight_dtype
+    return case.model.dtype if nbytes((1,), case.model.dtype) < nbytes((1,), weight_dtype) else weight_dtype
 
 
 def mesh_sizes(plan: Plan) -> dict[str, int]:
@@ -62,8 +120,11 @@ def token_axes(plan: Plan) -> tuple[str, ...]:
     """The mesh axes the activations' batch and sequence dimensions are split on: the data- and
     context-parallel axes, over which each device computes a partial weight gradient that must be summed."""
     found: set[str] = set()
+    # Where the activations are not recorded (a pipelined placement: `advise.template`), the token inputs
+    # are split like the batch they feed.
+    kind = "activation" if any(r.kind == "activation" for _, r in plan.tensors) else "input"
     for _, record in plan.tensors:
-        if record.kind != "activation" or record.logical is None:
+        if record.kind != kind or record.logical is None:
             continue
         for logical, entry in zip(record.logical, record.spec, strict=False):
             if logical is not None and any(word in logical for word in _TOKEN_WORDS):
@@ -79,7 +140,7 @@ def _placed(plan: Plan, path: str) -> TensorRecord | None:
     return None if name is None else plan.tensor_map.get(f"activations/{module}/{name}")
 
 
-def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...]) -> Weight:
+def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...], case: Case | None = None) -> Weight:
     """The per-layer view of one parameter. Over the token axes it is gathered; over other axes (tensor
     parallelism) it stays split, as do expert dimensions: from the recorded MoE layout where there is one."""
     logical = record.logical or (None,) * len(record.shape)
@@ -108,11 +169,13 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...])
         layer_shape = [
             -(-record.shape[d] // math.prod(sizes[a] for a in entry_axes(record.spec[d]) if a in kept)) for d in dims
         ]
+    trips, per_trip = pipeline_trips(trips, stack, case, dict(plan.case.mesh))
     return Weight(
         path=path,
         module=path.removeprefix("params/").rsplit("/", 1)[0],
         record=record,
         loop_trips=trips,
+        per_trip=per_trip,
         layer_shape=tuple(layer_shape),
         gathered_axes=in_mesh_order(plan, split - kept),
         kept_axes=in_mesh_order(plan, kept),
@@ -120,11 +183,48 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...])
     )
 
 
-def weights(plan: Plan) -> tuple[Weight, ...]:
-    """Every parameter of the plan but lookup tables, in path order."""
-    tokens = token_axes(plan)
+def pipeline_trips(layers: int, stack: set[str], case: Case | None, sizes: dict[str, int]) -> tuple[int, int]:
+    """(loop trips, layers per trip) of a stack of `layers` layers per device: a pipeline's iterations over
+    one repeat's layers where the stack is split over stages, else (layers, 1)."""
+    pipeline = case.preset.pipeline if case is not None else None
+    if pipeline is None or not stack:
+        return layers, 1
+    stages = math.prod(sizes[a] for a in stack)
+    repeats = max(1, pipeline.repeats)
+    iterations = pipeline.microbatches * repeats + stages - 1
+    return iterations, max(1, layers // repeats)
+
+
+def feature_dims(weight: Weight) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(input, output) dimension indexes of the per-layer weight: an output projection (its last dimension
+    is the model's embedding) contracts every other dimension; any other contracts its first."""
+    logical = [n for n in (weight.record.logical or (None,) * len(weight.record.shape)) if not is_stack_dim(n)]
+    dims = tuple(range(len(weight.layer_shape)))
+    last = logical[-1] if logical else None
+    if last is not None and "embed" in last and len(dims) > 1:
+        return dims[:-1], dims[-1:]
+    return dims[:1], dims[1:]
+
+
+def stack_of(module: str, every: tuple[Weight, ...]) -> Weight | None:
+    """A weight of the layer stack `module` belongs to (its loop trips and pipeline stages)."""
+    for weight in every:
+        if weight.module.startswith(module + "/") or weight.module == module:
+            return weight
+    head = module.split("/")
+    for weight in every:
+        parts = weight.module.split("/")
+        if parts[:2] == head[:2] and weight.loop_trips > 1:
+            return weight
+    return None
+
+
+def weights(plan: Plan, case: Case | None = None, tokens: tuple[str, ...] | None = None) -> tuple[Weight, ...]:
+    """Every parameter of the plan but lookup tables, in path order (`case`: the plan's, resolved, for
+    its pipeline; `tokens`: its `token_axes` when known)."""
+    tokens = token_axes(plan) if tokens is None else tokens
     return tuple(
-        weight(plan, path, record, tokens)
+        weight(plan, path, record, tokens, case)
         for path, record in plan.tensors
         if record.kind == "param" and path.rsplit("/", 1)[-1] != LOOKUP_TABLE_LEAF
     )
@@ -136,3 +236,23 @@ def nbytes(shape: tuple[int, ...], dtype: str) -> int:
     import numpy as np
 
     return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What every part of a prediction reads from one plan, worked out once."""
+
+    case: Case | None  # the plan's case resolved again (None: it no longer resolves)
+    batch_axes: tuple[str, ...]  # `token_axes`
+    weights: tuple[Weight, ...]
+    tokens: int  # `device_tokens`
+    micro_tokens: int  # `microbatch_tokens` (= tokens outside pipelines)
+
+
+def placement_of(plan: Plan, case: Case | None = None) -> Placement:
+    """The plan's placement facts (`case`: the plan's case when the caller has it, else resolved again)."""
+    case = case if case is not None else resolved(plan)
+    batch = token_axes(plan)
+    tokens = device_tokens(plan)
+    every = weights(plan, case, batch)
+    return Placement(case, batch, every, tokens, microbatch_tokens(case, tokens, mesh_sizes(plan), batch))

@@ -73,7 +73,7 @@ def gather_matches(compiled: Plan, predicted: Plan) -> tuple[int, int]:
     mine = [
         (r, r.cause.tensors[0])
         for r in predicted.collectives
-        if r.op == "all-gather" and r.pass_ == "forward" and r.cause
+        if r.op == "all-gather" and r.pass_ == "forward" and r.cause and r.cause.tensors[0].startswith("params/")
     ]
     matched = 0
     for row, weight in mine:

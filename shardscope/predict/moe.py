@@ -3,23 +3,26 @@
 Each device scatters its tokens into per-expert slots [experts, capacity, embed] and exchanges them with the
 devices that hold those experts, over the expert-parallel axes that also split the tokens; the experts'
 outputs come back the same way: 2 all-to-alls per MoE layer forward, and in the backward pass 4 (the
-remat's recomputed 2, and their transposes). Capacity is taken as dropless (every local token), which is what
-the tiny models use: a capacity factor lives in the model config, not in the plan.
+remat's recomputed 2, and their transposes). Each expert has the capacity the model's capacity factor gives
+a device's tokens (dropless, every local token, without one: the tiny models).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import Weight, in_mesh_order, nbytes
+from shardscope.predict.layout import Weight, capacity, in_mesh_order, nbytes
 from shardscope.predict.rules import rules_on
 
 FORWARD_EXCHANGES = 2  # tokens to the experts, outputs back
 
 
 def moe_exchanges(
-    plan: Plan, experts: tuple[Weight, ...], rules: tuple[Rule, ...], remat: bool
+    plan: Plan, experts: tuple[Weight, ...], rules: tuple[Rule, ...], remat: bool, case: Case | None = None
 ) -> tuple[CollectiveRow, ...]:
     """One forward and one backward all-to-all row per MoE block (the module holding expert weights)."""
     tensors = plan.tensor_map
@@ -39,7 +42,7 @@ def moe_exchanges(
         local_tokens = 1
         for size in inputs.shard_shape[:-1]:
             local_tokens *= size
-        slots = (num_experts, local_tokens, inputs.shape[-1])
+        slots = (num_experts, capacity(local_tokens, case), inputs.shape[-1])
         cause = Cause(
             tensors=(inputs_path,),
             consumer=f"{module}/all_to_all",
@@ -55,10 +58,54 @@ def moe_exchanges(
                     dtype=inputs.dtype,
                     shape=slots,
                     bytes=nbytes(slots, inputs.dtype),
-                    count=count,
+                    count=count * weight.per_trip,
                     loop_trips=weight.loop_trips,
                     pass_=pass_,
                     source=module,
+                    cause=cause,
+                )
+            )
+    return tuple(rows)
+
+
+def expert_partial_sums(
+    plan: Plan, experts: tuple[Weight, ...], remat: bool, slots_of: Callable[[Weight], int]
+) -> tuple[CollectiveRow, ...]:
+    """The sums of each MoE block's slot outputs over the axes that split the experts' hidden dimension
+    (tensor parallelism inside the experts): each device's `wo` contracts only its share of the hidden
+    features, so the slots [local experts, slots, embed] are summed over those axes in the forward pass; in
+    the backward pass the input gradient of `wi_0`/`wi_1` is partial too (and the remat sums once more).
+    `slots_of`: the slots each local expert runs on (`predict.work`)."""
+    rows: list[CollectiveRow] = []
+    for weight in experts:
+        if not weight.path.endswith("/wo") or len(weight.layer_shape) < 3:
+            continue
+        placed = plan.tensor_map.get(f"activations/{weight.module}/wo_kernel")
+        spec = placed.spec if placed is not None and len(placed.spec) == 3 else None
+        hidden = set(entry_axes(spec[1])) if spec is not None else set()
+        axes = in_mesh_order(plan, hidden)
+        if not axes:
+            continue
+        shape = (weight.layer_shape[0], slots_of(weight), weight.layer_shape[-1])
+        dtype = (
+            plan.tensor_map[f"activations/{weight.module}/inputs"].dtype
+            if f"activations/{weight.module}/inputs" in plan.tensor_map
+            else weight.record.dtype
+        )
+        cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/psum", line=None, rules=())
+        backward = 2 + (1 if remat else 0)
+        for pass_, count in (("forward", 1), ("backward", backward)):
+            rows.append(
+                CollectiveRow(
+                    op="all-reduce",
+                    axes=axes,
+                    dtype=dtype,
+                    shape=shape,
+                    bytes=nbytes(shape, dtype),
+                    count=count * weight.per_trip,
+                    loop_trips=weight.loop_trips,
+                    pass_=pass_,
+                    source=weight.module,
                     cause=cause,
                 )
             )

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule
 from shardscope.plan.document import Plan
 from shardscope.plan.records import CollectiveRow, RuleCause
-from shardscope.predict.layout import token_axes, weights
-from shardscope.predict.moe import moe_exchanges
+from shardscope.predict.activations import context_gathers, pipeline_sends, tensor_parallel_sums
+from shardscope.predict.layout import Placement, moved_dtype, placement_of
+from shardscope.predict.moe import expert_partial_sums, moe_exchanges
 from shardscope.predict.rules import preset_moe, preset_rules, rules_on
 from shardscope.predict.weights import gradient_sum, weight_gathers
+from shardscope.predict.work import expert_slots, predicted_work
 
 PREDICTED = "predicted"  # the provenance key a predicted plan carries (value True)
 PREDICTED_PARTS = ("tensors", "collectives")
@@ -38,38 +41,58 @@ def _batch_rules(plan: Plan, axes: tuple[str, ...], rules: tuple[Rule, ...]) -> 
     return ()
 
 
-def predict_collectives(plan: Plan, remat: bool | None = None) -> tuple[CollectiveRow, ...]:
-    """The collectives of the plan's train step predicted from its tensors (remat: the case's, by default).
+def predict_collectives(
+    plan: Plan, remat: bool | None = None, placement: Placement | None = None, causes: bool = True
+) -> tuple[CollectiveRow, ...]:
+    """The collectives of the plan's train step predicted from its tensors (remat: the case's, by default;
+    `causes=False` leaves the rows' rules unnamed, which a search ranking thousands of meshes does not read).
 
     Predicted: weight all-gathers (forward, and backward with remat), weight-gradient all-reduces over the
-    batch axes, MoE token all-to-alls (all_to_all strategy). Not predicted: activation resharding (attention
-    over context or tensor axes, the embedding lookup, router outputs), pipeline-stage transfers, and the
-    compiler's combining of rows (traffic per mesh axis is what to compare).
+    batch axes, tensor parallelism's partial sums of activations, attention's key and value gathers over
+    context axes, a pipeline's stage-to-stage permutes, MoE token all-to-alls (all_to_all strategy). Not
+    predicted: other activation resharding (the embedding lookup, router outputs, two constraints with
+    different specs), and the compiler's combining of rows (traffic per mesh axis is what to compare).
     """
     remat = remat_on(plan) if remat is None else remat
-    rules = preset_rules(plan)
-    batch = token_axes(plan)
-    batch_rules = _batch_rules(plan, batch, rules)
-    every = weights(plan)
+    found = placement or placement_of(plan)
+    case, batch, every = found.case, found.batch_axes, found.weights
+    rules = preset_rules(plan) if causes else ()
+    batch_rules = _batch_rules(plan, batch, rules) if causes else ()
     rows: list[CollectiveRow] = []
     for weight in every:
-        rows.extend(weight_gathers(plan, weight, rules, remat))
-        rows.extend(gradient_sum(plan, weight, batch, batch_rules))
+        dtype = moved_dtype(weight.record.dtype, case)
+        rows.extend(weight_gathers(plan, weight, rules, remat, dtype))
+        rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype))
+    if case is not None:
+        rows.extend(tensor_parallel_sums(plan, every, found.tokens, case.model.dtype, remat))
+    rows.extend(pipeline_sends(plan, every, case, found.micro_tokens))
+    rows.extend(context_gathers(plan, every, remat))
+    experts = tuple(w for w in every if w.is_expert)
     if preset_moe(plan) == "all_to_all":
-        rows.extend(moe_exchanges(plan, tuple(w for w in every if w.is_expert), rules, remat))
+        rows.extend(moe_exchanges(plan, experts, rules, remat, case))
+    rows.extend(expert_partial_sums(plan, experts, remat, lambda w: expert_slots(plan, w, case, found.tokens)))
     return tuple(sorted(rows, key=lambda row: (_PASS_ORDER.get(row.pass_, 9), row.source, row.op)))
 
 
-def predicted_plan(plan: Plan, remat: bool | None = None) -> Plan:
-    """The plan with predicted collectives, no memory or compiled work, and `predicted: true` provenance."""
+def is_predicted(plan: Plan) -> bool:
+    """Whether the plan's collectives and work were predicted, not compiled."""
+    return dict(plan.provenance).get(PREDICTED) is True
+
+
+def predicted_plan(plan: Plan, remat: bool | None = None, case: Case | None = None, causes: bool = True) -> Plan:
+    """The plan with predicted collectives and work (`predict.work`), no compiled memory, and
+    `predicted: true` provenance (`case`: the plan's case when the caller has it resolved; `causes`: as
+    `predict_collectives`)."""
+    remat = remat_on(plan) if remat is None else remat
+    placement = placement_of(plan, case)
     provenance = (*((key, value) for key, value in plan.provenance if key != PREDICTED), (PREDICTED, True))
     return dataclasses.replace(
         plan,
         provenance=tuple(sorted(provenance)),
-        collectives=predict_collectives(plan, remat),
+        collectives=predict_collectives(plan, remat, placement, causes),
         memory=(),
         compute=(),
-        work=(),
+        work=predicted_work(plan, remat, placement),
         estimate=None,
         findings=(),
         parts=PREDICTED_PARTS,

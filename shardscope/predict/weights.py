@@ -16,9 +16,12 @@ from shardscope.predict.layout import Weight, in_mesh_order, nbytes
 from shardscope.predict.rules import rules_on
 
 
-def weight_gathers(plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: bool) -> tuple[CollectiveRow, ...]:
+def weight_gathers(
+    plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: bool, dtype: str
+) -> tuple[CollectiveRow, ...]:
     """The forward all-gather of the weight's per-layer slice over the axes that split it, and with remat the
-    same again in the backward pass; () for a weight no axis splits (expert dims stay split)."""
+    same again in the backward pass; () for a weight no axis splits (expert dims stay split). `dtype`: what
+    travels (`layout.moved_dtype`)."""
     axes = weight.gathered_axes
     if not axes:
         return ()
@@ -29,11 +32,11 @@ def weight_gathers(plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: b
         rules=rules_on(plan, weight.path, weight.record, axes, rules),
     )
     passes = ("forward", "backward") if remat else ("forward",)
-    return tuple(_per_layer("all-gather", weight, axes, pass_, cause) for pass_ in passes)
+    return tuple(_per_layer("all-gather", weight, axes, pass_, cause, dtype) for pass_ in passes)
 
 
 def gradient_sum(
-    plan: Plan, weight: Weight, batch: tuple[str, ...], batch_rules: tuple[RuleCause, ...]
+    plan: Plan, weight: Weight, batch: tuple[str, ...], batch_rules: tuple[RuleCause, ...], dtype: str
 ) -> tuple[CollectiveRow, ...]:
     """The all-reduce of the weight's per-layer gradient over the token axes. Not over the axes it stays split
     on (an expert's tokens came to its devices; a tensor-parallel slice sees every token), nor over pipeline
@@ -44,18 +47,18 @@ def gradient_sum(
     cause = Cause(
         tensors=(f"grads/{weight.path}",), consumer=f"{weight.module}/dot_general", line=None, rules=batch_rules
     )
-    return (_per_layer("all-reduce", weight, axes, "backward", cause),)
+    return (_per_layer("all-reduce", weight, axes, "backward", cause, dtype),)
 
 
-def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause) -> CollectiveRow:
+def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause, dtype: str) -> CollectiveRow:
     """One collective of the weight's whole per-layer slice, once in each layer of its stack."""
     return CollectiveRow(
         op=op,
         axes=axes,
-        dtype=weight.record.dtype,
+        dtype=dtype,
         shape=weight.layer_shape,
-        bytes=nbytes(weight.layer_shape, weight.record.dtype),
-        count=1,
+        bytes=nbytes(weight.layer_shape, dtype),
+        count=weight.per_trip,
         loop_trips=weight.loop_trips,
         pass_=pass_,
         source=weight.module,

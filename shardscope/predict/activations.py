@@ -1,0 +1,189 @@
+"""The activations' collectives: tensor parallelism's partial sums, and a pipeline's stage-to-stage sends.
+
+Tensor parallelism keeps a weight split over axes that do not split the tokens. Where such an axis splits
+the dimensions a matmul contracts (the input features of an output projection: attention's `out`, the
+MLP's `wo`), each device's output is a partial sum, added over the axis in the forward pass (and again in
+the remat's recompute); where it splits only the output features (`wi`, `query`), the forward output stays
+split and the backward pass's input gradient is the partial sum. Either sum moves the tokens a device holds
+times the features on the other side, in the activations' dtype.
+
+Context parallelism splits the sequence: each device's queries attend to every key, so the keys and values
+of an attention block are all-gathered over the axes that split their length (again in the remat's
+recompute), and their gradients reduce-scattered back in the backward pass.
+
+A pipeline sends each microbatch's residual stream from one stage to the next once per iteration, and its
+gradient back in the backward pass: one collective-permute over the stage axes each way per iteration.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardscope.case.resolve import Case
+from shardscope.case.rules import entry_axes
+from shardscope.plan.document import Plan
+from shardscope.plan.records import Cause, CollectiveRow
+from shardscope.predict.layout import Weight, feature_dims, in_mesh_order, is_stack_dim, mesh_sizes, nbytes, stack_of
+
+_REMAT_FORWARD = 1  # the recompute runs the forward sums once more
+
+
+def _full_size(weight: Weight, dims: tuple[int, ...]) -> int:
+    """Features of `dims` as the layer sees them whole (the per-layer shape without stack dimensions)."""
+    shape = [s for s, n in zip(weight.record.shape, weight.record.logical or (), strict=False) if not is_stack_dim(n)]
+    if len(shape) != len(weight.layer_shape):
+        shape = list(weight.layer_shape)
+    return math.prod(shape[d] for d in dims)
+
+
+def _split_axes(plan: Plan, weight: Weight, dims: tuple[int, ...]) -> tuple[str, ...]:
+    """The kept axes (tensor-parallel) that split any of `dims`."""
+    spec = [e for e, n in zip(weight.record.spec, weight.record.logical or (), strict=False) if not is_stack_dim(n)]
+    found: set[str] = set()
+    for d in dims:
+        if d < len(spec):
+            entry = spec[d]
+            found.update(() if entry is None else (entry,) if isinstance(entry, str) else entry)
+    return in_mesh_order(plan, found & set(weight.kept_axes))
+
+
+def tensor_parallel_sums(
+    plan: Plan, every: tuple[Weight, ...], tokens: int, dtype: str, remat: bool
+) -> tuple[CollectiveRow, ...]:
+    """Tensor parallelism's activation collectives (see the module doc). An output projection's partial
+    output is summed per weight; the projections that share an input (query, key and value; `wi_0` and
+    `wi_1`) share its gather, or the sum of its gradient, once per group."""
+    rows: list[CollectiveRow] = []
+    groups: dict[tuple[str, tuple[str, ...], int], Weight] = {}
+    sizes = mesh_sizes(plan)
+    for weight in every:
+        if weight.is_expert or not weight.kept_axes or len(weight.layer_shape) < 2:
+            continue
+        inputs, outputs = feature_dims(weight)
+        contracted = _split_axes(plan, weight, inputs)
+        if contracted:
+            # The partial output, split over whichever kept axes split the output features.
+            out_ways = math.prod(sizes[a] for a in _split_axes(plan, weight, outputs))
+            shape = (tokens, max(1, _full_size(weight, outputs) // out_ways))
+            passes = (("forward", 1), ("backward", _REMAT_FORWARD)) if remat else (("forward", 1),)
+            rows += [_collective("all-reduce", weight, contracted, shape, dtype, p, n) for p, n in passes]
+        split_out = tuple(a for a in _split_axes(plan, weight, outputs) if a not in contracted)
+        if split_out:
+            parent = weight.module.rsplit("/", 1)[0]
+            groups.setdefault((parent, split_out, _full_size(weight, inputs)), weight)
+    for (_, axes, features), weight in sorted(groups.items()):
+        shape = (tokens, features)
+        residual = _residual_split(plan, weight) & set(axes)
+        if residual:
+            over = in_mesh_order(plan, residual)
+            steps = [("all-gather", "forward"), ("reduce-scatter", "backward")]
+            steps += [("all-gather", "backward")] if remat else []
+            rows += [_collective(op, weight, over, shape, dtype, p, 1) for op, p in steps]
+        else:
+            rows.append(_collective("all-reduce", weight, axes, shape, dtype, "backward", 1))
+    return tuple(rows)
+
+
+def _residual_split(plan: Plan, weight: Weight) -> set[str]:
+    """The axes that split the features of the residual stream entering the weight's layer (MaxText's
+    `activation_embed` rule): where they split it, a projection gathers its input over them first."""
+    stack = "/".join(weight.module.split("/")[:2])
+    inputs = plan.tensor_map.get(f"activations/{stack}/inputs")
+    if inputs is None or not inputs.spec:
+        return set()
+    return set(entry_axes(inputs.spec[-1]))
+
+
+def _collective(
+    op: str, weight: Weight, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, count: int
+) -> CollectiveRow:
+    cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/dot_general", line=None, rules=())
+    return CollectiveRow(
+        op=op,
+        axes=axes,
+        dtype=dtype,
+        shape=shape,
+        bytes=nbytes(shape, dtype),
+        count=count * weight.per_trip,
+        loop_trips=weight.loop_trips,
+        pass_=pass_,
+        source=weight.module,
+        cause=cause,
+    )
+
+
+def pipeline_sends(
+    plan: Plan, every: tuple[Weight, ...], case: Case | None, micro_tokens: int
+) -> tuple[CollectiveRow, ...]:
+    """A pipelined stack's stage-to-stage permutes: one microbatch's residual stream per iteration, each way."""
+    staged = next((w for w in every if w.stack_axes), None)
+    if staged is None or case is None or case.preset.pipeline is None:
+        return ()
+    shape = (micro_tokens, case.model.embed_dim)
+    dtype = case.model.dtype
+    module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
+    cause = Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=())
+    return tuple(
+        CollectiveRow(
+            op="collective-permute",
+            axes=staged.stack_axes,
+            dtype=dtype,
+            shape=shape,
+            bytes=nbytes(shape, dtype),
+            count=1,
+            loop_trips=staged.loop_trips,
+            pass_=pass_,
+            source=module,
+            cause=cause,
+            shift=1,
+        )
+        for pass_ in ("forward", "backward")
+    )
+
+
+_KEYS_AND_VALUES = ("key", "value")
+_ATTENTION_QUERY = "/self_attention/query"
+
+
+def context_gathers(plan: Plan, every: tuple[Weight, ...], remat: bool) -> tuple[CollectiveRow, ...]:
+    """Each attention block's keys and values gathered over the axes that split their sequence (see the
+    module doc), from the block's recorded `key` and `value` activations."""
+    tensors = plan.tensor_map
+    sizes = mesh_sizes(plan)
+    rows: list[CollectiveRow] = []
+    for path, _ in plan.tensors:
+        if not path.endswith(_ATTENTION_QUERY):
+            continue
+        module = path.removeprefix("activations/").removesuffix("/query")
+        stack = stack_of(module, every)
+        for name in _KEYS_AND_VALUES:
+            record = tensors.get(f"activations/{module}/{name}")
+            if record is None or len(record.spec) < 2:
+                continue
+            axes = in_mesh_order(plan, set(entry_axes(record.spec[1])))
+            if not axes:
+                continue
+            ways = math.prod(sizes[a] for a in axes)
+            gathered = (record.shard_shape[0], record.shard_shape[1] * ways, *record.shard_shape[2:])
+            cause = Cause(
+                tensors=(f"activations/{module}/{name}",), consumer=f"{module}/attention", line=None, rules=()
+            )
+            passes = [("all-gather", "forward", 1), ("reduce-scatter", "backward", 1)]
+            if remat:
+                passes.append(("all-gather", "backward", 1))
+            for op, pass_, count in passes:
+                rows.append(
+                    CollectiveRow(
+                        op=op,
+                        axes=axes,
+                        dtype=record.dtype,
+                        shape=gathered,
+                        bytes=nbytes(gathered, record.dtype),
+                        count=count * (stack.per_trip if stack is not None else 1),
+                        loop_trips=stack.loop_trips if stack is not None else 1,
+                        pass_=pass_,
+                        source=module,
+                        cause=cause,
+                    )
+                )
+    return tuple(rows)

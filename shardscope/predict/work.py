@@ -1,0 +1,238 @@
+"""A tensors-only plan's compute, predicted: the work profile a compile would give, from the model's matmuls.
+
+A compiled plan's work profile (`shardscope.hlo.profile`) bins every op of the step; here the same bins are
+written from the placement alone, so the cost model prices a prediction exactly as it prices a compile (per
+op, overlapped with the collectives of the same loop body):
+- every weight's matmul: 2 FLOPs per multiply-add of the tokens a device holds where the layer uses it with
+  the weight as that device holds it then (gathered over FSDP axes, still split over tensor or expert axes);
+  HBM bytes: the weight's slice and the tokens in and out;
+- an expert's matmul runs on its capacity slots (dropless: every token a peer sends), as the MoE body does;
+- attention's scores and values: 2·(q·k + p·v) per query, key pair, on the heads a device holds; half of
+  it under a causal flash kernel, which skips the blocks above the diagonal;
+- the backward pass doubles each matmul (the gradients of the input and of the weight), and full remat runs
+  the forward pass once more;
+- elementwise work (norms, activations, the residual stream): each recorded activation written and read
+  once per pass, as memory-bound bytes; the optimizer reads and writes the state once per step.
+A pipelined stack's loop runs once per iteration (microbatches × repeats + stages − 1: the bubble
+included), each trip one repeat's layers on one microbatch. Everything here is per device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shardscope.case.resolve import Case
+from shardscope.case.rules import entry_axes
+from shardscope.hlo.profile import WorkBin
+from shardscope.plan.document import Plan
+from shardscope.predict.layout import (
+    Placement,
+    Weight,
+    capacity,
+    feature_dims,
+    is_stack_dim,
+    mesh_sizes,
+    nbytes,
+    placement_of,
+    stack_of,
+)
+
+# Passes a layer's work runs in, and how many times its forward work each runs (remat adds a forward).
+_BACKWARD_FACTOR = 2
+# HBM passes over a MoE block's slots per forward pass: zeroed, scattered into, read by the expert matmuls,
+# and the outputs' slots read back by the combine.
+_DISPATCH_PASSES = 4
+# The name each projection's output carries for the remat policies (reference_models: checkpoint_name).
+_CHECKPOINT_NAMES = {
+    "query": "query_proj",
+    "key": "key_proj",
+    "value": "value_proj",
+    "out": "out_proj",
+    "wi_0": "mlpwi_0",
+    "wi_1": "mlpwi_1",
+    "wo": "mlpwo",
+    "wq_a": "query_wa_proj",
+    "wkv_a": "kv_wa_proj",
+}
+_ATTENTION_QUERY = "/self_attention/query"
+
+
+@dataclass(frozen=True)
+class _Use:
+    """One matmul of a layer: its per-device FLOPs and HBM bytes once (forward), and where it runs."""
+
+    flops: float
+    bytes: float
+    trips: int
+    bubble: float
+    recomputed: bool = True  # the backward pass runs it again (remat), unless the policy keeps its output
+
+
+def _bubble(case: Case | None, weight: Weight, tokens: int, micro_tokens: int) -> float:
+    """How many times a pipelined stack's loop trip runs a layer on `tokens` worth of work (1 outside
+    pipelines): each trip runs `per_trip` layers on one microbatch, bubble iterations included."""
+    if case is None or case.preset.pipeline is None or not weight.stack_axes:
+        return 1.0
+    return weight.per_trip * micro_tokens / max(1, tokens)
+
+
+def expert_slots(plan: Plan, weight: Weight, case: Case | None, fallback: int) -> int:
+    """Slots each local expert runs on: the capacity of a device's tokens, from every peer that sends them."""
+    inputs = plan.tensor_map.get(f"activations/{weight.module}/inputs")
+    local = math.prod(inputs.shard_shape[:-1]) if inputs is not None else fallback
+    split = {axis for entry in (inputs.spec[:-1] if inputs is not None else ()) for axis in entry_axes(entry)}
+    sizes = mesh_sizes(plan)
+    peers = math.prod(sizes[a] for a in weight.kept_axes if a in split)
+    return peers * capacity(local, case)
+
+
+def _activation_itemsize(plan: Plan, case: Case | None) -> int:
+    """Bytes per element of the activations (the model's dtype; the weights' where the case no longer resolves)."""
+    if case is not None:
+        return nbytes((1,), case.model.dtype)
+    return 4
+
+
+def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micro: int, saved: frozenset[str]) -> _Use:
+    """The weight's matmul in one layer: tokens × its slice as the layer uses it (weight bytes in its own
+    dtype, the tokens in and out in the activations')."""
+    shape = weight.layer_shape
+    itemsize = _activation_itemsize(plan, case)
+    if weight.is_expert:
+        slots = expert_slots(plan, weight, case, tokens)
+        local_experts = shape[0]
+        inner = math.prod(shape[1:])
+        flops = 2.0 * slots * local_experts * inner
+        rows = slots * local_experts
+        io = rows * (shape[1] + shape[-1]) * itemsize if len(shape) >= 3 else 0
+    else:
+        flops = 2.0 * tokens * math.prod(shape)
+        inputs, outputs = feature_dims(weight)
+        features = math.prod(shape[d] for d in inputs) + math.prod(shape[d] for d in outputs)
+        io = tokens * features * itemsize if shape else 0
+    weight_bytes = nbytes(shape, weight.record.dtype)
+    leaf = weight.module.rsplit("/", 1)[-1]
+    kept = _CHECKPOINT_NAMES.get(leaf, "") in saved
+    return _Use(flops, weight_bytes + io, weight.loop_trips, _bubble(case, weight, tokens, micro), not kept)
+
+
+def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
+    """Each MoE block's token dispatch and combine: its slots [local experts, slots, embed] are zeroed,
+    scattered into, read by the first matmuls, and the outputs' slots gathered back (memory-bound)."""
+    itemsize = _activation_itemsize(plan, case)
+    uses: list[_Use] = []
+    for weight in every:
+        if not weight.is_expert or not weight.path.endswith("/wi_0"):
+            continue  # one per block: its first expert weight
+        slots = expert_slots(plan, weight, case, tokens)
+        embed = weight.layer_shape[1] if len(weight.layer_shape) >= 3 else 1
+        slot_bytes = weight.layer_shape[0] * slots * embed * itemsize
+        uses.append(_Use(0.0, _DISPATCH_PASSES * slot_bytes, weight.loop_trips, _bubble(case, weight, tokens, micro)))
+    return uses
+
+
+def _attention_uses(
+    plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int, kept: bool
+) -> list[_Use]:
+    """Scores and weighted values of each attention block whose query, key and value the plan records."""
+    tensors = plan.tensor_map
+    causal_kernel = case is not None and case.model.attention_kernel != "dot_product"
+    uses: list[_Use] = []
+    for path, query in plan.tensors:
+        if query.kind != "activation" or not path.endswith(_ATTENTION_QUERY) or len(query.shard_shape) != 4:
+            continue
+        module = path.removeprefix("activations/").removesuffix("/query")
+        key, value = tensors.get(f"activations/{module}/key"), tensors.get(f"activations/{module}/value")
+        if key is None or value is None or len(key.shape) != 4 or len(value.shape) != 4:
+            continue
+        batch, length, heads, qk = query.shard_shape
+        keys = key.shape[1]  # every key: a query shard attends to the whole sequence
+        pairs = batch * length * heads * keys * (0.5 if causal_kernel else 1.0)
+        flops = 2.0 * pairs * (qk + value.shape[-1])
+        # Scores are not written to HBM by a kernel; the stand-in (dot_product) writes and reads them.
+        score_bytes = 0.0 if causal_kernel else pairs * nbytes((1,), query.dtype) * 2
+        io = sum(t.bytes_per_device for t in (query, key, value))
+        stack = stack_of(module, every)
+        trips = stack.loop_trips if stack is not None else 1
+        bubble = _bubble(case, stack, tokens, micro) if stack is not None else 1.0
+        uses.append(_Use(flops, io + score_bytes, trips, bubble, not kept))
+    return uses
+
+
+def _elementwise(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
+    """Each recorded activation written and read once (norms, activation functions, the residual stream)."""
+    uses: list[_Use] = []
+    for path, record in plan.tensors:
+        if record.kind != "activation" or record.logical is None:
+            continue
+        module = path.removeprefix("activations/").rsplit("/", 1)[0]
+        stack = stack_of(module, every)
+        trips = stack.loop_trips if stack is not None and _in_stack(module, stack) else 1
+        bubble = _bubble(case, stack, tokens, micro) if stack is not None and trips > 1 else 1.0
+        uses.append(_Use(0.0, 2.0 * record.bytes_per_device, trips, bubble))
+    return uses
+
+
+def _in_stack(module: str, stack: Weight) -> bool:
+    """Whether `module` lies under the stacked layers `stack` belongs to (same first two path parts)."""
+    return module.split("/")[:2] == stack.module.split("/")[:2]
+
+
+def _optimizer_bytes(plan: Plan) -> float:
+    """The update reads each parameter, its gradient and its optimizer state, and writes parameter and state."""
+    params = sum(t.bytes_per_device for _, t in plan.tensors if t.kind == "param")
+    state = sum(t.bytes_per_device for _, t in plan.tensors if t.kind == "opt_state")
+    return 3.0 * params + 2.0 * state
+
+
+def _bins(uses: Iterable[_Use], kind: str, remat: bool) -> list[WorkBin]:
+    """The uses as work bins, per pass and loop, forward work once, backward twice (plus remat's forward)."""
+    totals: dict[tuple[str, int], list[float]] = {}
+    for use in uses:
+        again = 1.0 if remat and use.recomputed else 0.0
+        passes = (("forward", 1.0), ("backward", _BACKWARD_FACTOR + again))
+        for pass_, factor in passes:
+            entry = totals.setdefault((pass_, use.trips), [0.0, 0.0, 0.0])
+            scale = factor * use.trips * use.bubble
+            entry[0] += use.flops * scale
+            entry[1] += use.bytes * scale
+            entry[2] += factor * use.trips
+    return [
+        WorkBin(kind, pass_, trips, None, round(ops), round(flops), round(nbytes), trips)
+        for (pass_, trips), (flops, nbytes, ops) in sorted(totals.items())
+    ]
+
+
+def kept_outputs(case: Case | None) -> frozenset[str]:
+    """The checkpoint names the case's remat policy keeps (on the device or offloaded to the host): their
+    matmuls are not run again in the backward pass."""
+    if case is None or case.model.remat in ("full", "none"):
+        return frozenset()
+    # lazy: reference_models.remat imports JAX, which only a prediction needs here
+    from reference_models.remat import OFFLOADED, SAVED
+
+    policy = case.model.remat
+    if policy == "custom":
+        return frozenset(name for name, where in case.model.remat_custom if where in ("device", "offload"))
+    return frozenset(SAVED.get(policy, ()) + OFFLOADED.get(policy, ()))
+
+
+def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) -> tuple[WorkBin, ...]:
+    """The plan's step as work bins (see the module docstring), per device."""
+    found = placement or placement_of(plan)
+    case, every, tokens, micro = found.case, found.weights, found.tokens, found.micro_tokens
+    saved = kept_outputs(case)
+    matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in every if not _is_vector(w)]
+    matmuls += _attention_uses(plan, every, case, tokens, micro, "context" in saved)
+    elementwise = _elementwise(plan, every, case, tokens, micro) + _dispatch(plan, every, case, tokens, micro)
+    bins = _bins(matmuls, "matmul", remat) + _bins(elementwise, "memory", remat)
+    bins.append(WorkBin("memory", "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
+    return tuple(sorted(bins, key=lambda entry: entry.key))
+
+
+def _is_vector(weight: Weight) -> bool:
+    """A scale or bias (one non-stack dimension): elementwise work, not a matmul."""
+    logical = weight.record.logical or (None,) * len(weight.record.shape)
+    return sum(1 for name in logical if not is_stack_dim(name)) < 2
