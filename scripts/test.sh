@@ -16,4 +16,6 @@ python -m ruff check .
 python -m ruff format --check .
 python -m mypy shardscope reference_models
 lint-imports
-python -m pytest "$@"
+# Two processes (a file's tests in one, so its module fixtures are built once); `-p no:benchmark`: an
+# installed pytest-benchmark would refuse to run beside xdist.
+python -m pytest -n auto --dist loadfile -p no:benchmark "$@"

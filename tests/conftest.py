@@ -8,6 +8,10 @@ import tempfile
 
 # The tests' plan cache is their own, never the user's (~/.cache/shardscope).
 os.environ["SHARDSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardscope-test-cache-")
+# pytest-xdist's workers set COLUMNS=80; the commands' piped output is 120 columns wide unless COLUMNS says
+# otherwise, and the tests read it as a pipe does.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
 
 from shardscope.stages.compiler_log import prepare_compiler_log
 
