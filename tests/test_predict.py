@@ -78,8 +78,9 @@ def test_dump_predicted_writes_a_predicted_plan_and_diffs_against_the_golden(tmp
     assert result.returncode == 0, result.stderr
     plan = plan_from_json(out.read_text())
     assert dict(plan.provenance)[PREDICTED] is True and plan.collectives
-    summary = _cli("dump", "deepseek-tiny", "--predicted", tmp_path=tmp_path)
-    assert "collectives predicted from the placement, not compiled" in summary.stdout
+    summary = _cli("dump", "deepseek-tiny", "--predicted", "--hardware", "v5p", tmp_path=tmp_path)
+    assert "collectives and work predicted from the placement, not compiled" in summary.stdout
+    assert "estimate from a prediction (no compile)" in summary.stdout.replace("\n", " ")
     diff = _cli("diff", str(GOLDEN / "deepseek-tiny/cpu-8/default.json"), str(out), tmp_path=tmp_path)
     assert diff.returncode in (0, 1), diff.stderr
 

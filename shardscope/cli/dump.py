@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 
 PREDICTED_NOTE = (
-    "note: collectives predicted from the placement, not compiled (weight gathers, gradient sums, MoE all-to-alls;"
-    " activation reshards and pipeline transfers are not predicted yet)"
+    "note: collectives and work predicted from the placement, not compiled (weights, gradients, tensor-parallel"
+    " and context activations, pipeline sends, MoE exchanges; the embedding's and router's reshards are not)"
 )
 
 

@@ -85,14 +85,18 @@ def predicted_plan(plan: Plan, remat: bool | None = None, case: Case | None = No
     `predict_collectives`)."""
     remat = remat_on(plan) if remat is None else remat
     placement = placement_of(plan, case)
+    work = predicted_work(plan, remat, placement)
+    # The step's totals, as a compiled plan records its own (the whole-step roofline and summaries read them).
+    device_work = [b for b in work if b.kind != "host"]
+    compute = (("bytes_accessed", sum(b.bytes for b in device_work)), ("flops", sum(b.flops for b in device_work)))
     provenance = (*((key, value) for key, value in plan.provenance if key != PREDICTED), (PREDICTED, True))
     return dataclasses.replace(
         plan,
         provenance=tuple(sorted(provenance)),
         collectives=predict_collectives(plan, remat, placement, causes),
         memory=(),
-        compute=(),
-        work=predicted_work(plan, remat, placement),
+        compute=compute,
+        work=work,
         estimate=None,
         findings=(),
         parts=PREDICTED_PARTS,
