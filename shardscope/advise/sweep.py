@@ -177,7 +177,11 @@ def advise(
     predictions = _predict(request, screenings, templates, target, hardware)
     predict_seconds = time.perf_counter() - predicting
     chosen = _chosen(request, predictions)
-    wanted = [(s.candidate, s.program) for s in screenings if _wanted(s, request) and s.candidate.index in chosen]
+    wanted = [
+        (s.candidate, s.program)
+        for s in screenings
+        if _wanted(s, request) and (chosen is None or s.candidate.index in chosen)
+    ]
     groups = group_same_programs(wanted)
     cases = [_golden_case(request, g.representative, hardware) for g in groups]
     by_index = {g.representative.index: g for g in groups}
@@ -250,20 +254,14 @@ def _predict(
     return found
 
 
-def _chosen(request: SweepRequest, predictions: Mapping[int, Ranked]) -> frozenset[int] | _Every:
-    """The candidates to compile: all (no prediction asked), none (`predict_only`), or the confirmed few."""
+def _chosen(request: SweepRequest, predictions: Mapping[int, Ranked]) -> frozenset[int] | None:
+    """The candidates to compile: None for every one (no confirming asked, or an exhaustive search), none
+    (`predict_only`), or the confirmed few."""
     if request.predict_only:
         return frozenset()
     if request.confirm is None or request.exhaustive:
-        return _Every()
+        return None
     return to_confirm(list(predictions.values()), request.confirm, request.margin)
-
-
-class _Every:
-    """Every candidate index (a search that compiles all it screens in)."""
-
-    def __contains__(self, index: object) -> bool:
-        return True
 
 
 def _with_prediction(entry: Ranked, predictions: Mapping[int, Ranked]) -> Ranked:

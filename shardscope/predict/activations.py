@@ -23,7 +23,16 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import Weight, feature_dims, in_mesh_order, is_stack_dim, mesh_sizes, nbytes, stack_of
+from shardscope.predict.layout import (
+    Weight,
+    feature_dims,
+    in_mesh_order,
+    is_stack_dim,
+    layer_row,
+    mesh_sizes,
+    nbytes,
+    stack_of,
+)
 
 _REMAT_FORWARD = 1  # the recompute runs the forward sums once more
 
@@ -98,18 +107,7 @@ def _collective(
     op: str, weight: Weight, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, count: int
 ) -> CollectiveRow:
     cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/dot_general", line=None, rules=())
-    return CollectiveRow(
-        op=op,
-        axes=axes,
-        dtype=dtype,
-        shape=shape,
-        bytes=nbytes(shape, dtype),
-        count=count * weight.per_trip,
-        loop_trips=weight.loop_trips,
-        pass_=pass_,
-        source=weight.module,
-        cause=cause,
-    )
+    return layer_row(op, weight, axes, shape, dtype, pass_, cause, count)
 
 
 def pipeline_sends(

@@ -15,7 +15,7 @@ from shardscope.case.resolve import Case, resolve_case
 from shardscope.case.rules import entry_axes
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
-from shardscope.plan.records import TensorRecord
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
 
 EXPERT_LOGICAL = "exp"
 _TOKEN_INPUT = "inputs/tokens"
@@ -256,3 +256,30 @@ def placement_of(plan: Plan, case: Case | None = None) -> Placement:
     tokens = device_tokens(plan)
     every = weights(plan, case, batch)
     return Placement(case, batch, every, tokens, microbatch_tokens(case, tokens, mesh_sizes(plan), batch))
+
+
+def layer_row(
+    op: str,
+    weight: Weight,
+    axes: tuple[str, ...],
+    shape: tuple[int, ...],
+    dtype: str,
+    pass_: str,
+    cause: Cause,
+    count: int = 1,
+    source: str | None = None,
+) -> CollectiveRow:
+    """A collective that runs `count` times in each layer of the weight's stack (each loop trip runs
+    `per_trip` layers), moving `shape` in `dtype`."""
+    return CollectiveRow(
+        op=op,
+        axes=axes,
+        dtype=dtype,
+        shape=shape,
+        bytes=nbytes(shape, dtype),
+        count=count * weight.per_trip,
+        loop_trips=weight.loop_trips,
+        pass_=pass_,
+        source=weight.module if source is None else source,
+        cause=cause,
+    )

@@ -15,7 +15,7 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import Weight, capacity, in_mesh_order, nbytes
+from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row
 from shardscope.predict.rules import rules_on
 
 FORWARD_EXCHANGES = 2  # tokens to the experts, outputs back
@@ -51,20 +51,7 @@ def moe_exchanges(
         )
         backward = 2 * FORWARD_EXCHANGES if remat else FORWARD_EXCHANGES
         for pass_, count in (("forward", FORWARD_EXCHANGES), ("backward", backward)):
-            rows.append(
-                CollectiveRow(
-                    op="all-to-all",
-                    axes=exchange,
-                    dtype=inputs.dtype,
-                    shape=slots,
-                    bytes=nbytes(slots, inputs.dtype),
-                    count=count * weight.per_trip,
-                    loop_trips=weight.loop_trips,
-                    pass_=pass_,
-                    source=module,
-                    cause=cause,
-                )
-            )
+            rows.append(layer_row("all-to-all", weight, exchange, slots, inputs.dtype, pass_, cause, count, module))
     return tuple(rows)
 
 
@@ -95,18 +82,5 @@ def expert_partial_sums(
         cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/psum", line=None, rules=())
         backward = 2 + (1 if remat else 0)
         for pass_, count in (("forward", 1), ("backward", backward)):
-            rows.append(
-                CollectiveRow(
-                    op="all-reduce",
-                    axes=axes,
-                    dtype=dtype,
-                    shape=shape,
-                    bytes=nbytes(shape, dtype),
-                    count=count * weight.per_trip,
-                    loop_trips=weight.loop_trips,
-                    pass_=pass_,
-                    source=weight.module,
-                    cause=cause,
-                )
-            )
+            rows.append(layer_row("all-reduce", weight, axes, shape, dtype, pass_, cause, count))
     return tuple(rows)

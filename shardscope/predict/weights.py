@@ -12,7 +12,7 @@ from __future__ import annotations
 from shardscope.case.rules import Rule
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, RuleCause
-from shardscope.predict.layout import Weight, in_mesh_order, nbytes
+from shardscope.predict.layout import Weight, in_mesh_order, layer_row
 from shardscope.predict.rules import rules_on
 
 
@@ -52,15 +52,4 @@ def gradient_sum(
 
 def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause, dtype: str) -> CollectiveRow:
     """One collective of the weight's whole per-layer slice, once in each layer of its stack."""
-    return CollectiveRow(
-        op=op,
-        axes=axes,
-        dtype=dtype,
-        shape=weight.layer_shape,
-        bytes=nbytes(weight.layer_shape, dtype),
-        count=weight.per_trip,
-        loop_trips=weight.loop_trips,
-        pass_=pass_,
-        source=weight.module,
-        cause=cause,
-    )
+    return layer_row(op, weight, axes, weight.layer_shape, dtype, pass_, cause)

@@ -88,18 +88,16 @@ def expert_slots(plan: Plan, weight: Weight, case: Case | None, fallback: int) -
     return peers * capacity(local, case)
 
 
-def _activation_itemsize(plan: Plan, case: Case | None) -> int:
-    """Bytes per element of the activations (the model's dtype; the weights' where the case no longer resolves)."""
-    if case is not None:
-        return nbytes((1,), case.model.dtype)
-    return 4
+def _activation_itemsize(case: Case | None) -> int:
+    """Bytes per element of the activations: the model's dtype (float32 where the case no longer resolves)."""
+    return nbytes((1,), case.model.dtype) if case is not None else 4
 
 
 def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micro: int, saved: frozenset[str]) -> _Use:
     """The weight's matmul in one layer: tokens × its slice as the layer uses it (weight bytes in its own
     dtype, the tokens in and out in the activations')."""
     shape = weight.layer_shape
-    itemsize = _activation_itemsize(plan, case)
+    itemsize = _activation_itemsize(case)
     if weight.is_expert:
         slots = expert_slots(plan, weight, case, tokens)
         local_experts = shape[0]
@@ -121,7 +119,7 @@ def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micr
 def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
     """Each MoE block's token dispatch and combine: its slots [local experts, slots, embed] are zeroed,
     scattered into, read by the first matmuls, and the outputs' slots gathered back (memory-bound)."""
-    itemsize = _activation_itemsize(plan, case)
+    itemsize = _activation_itemsize(case)
     uses: list[_Use] = []
     for weight in every:
         if not weight.is_expert or not weight.path.endswith("/wi_0"):
