@@ -63,7 +63,8 @@ def test_weight_traffic_moves_in_the_activations_dtype():
     # llama3.1-70b keeps float32 weights and computes in bfloat16: the gathers move bfloat16, as compiled.
     compiled = stored("llama3.1-70b_v6e-64_tr014.cpu")
     predicted = predicted_plan(tensors_only(compiled))
-    assert {r.dtype for r in predicted.collectives if r.op == "all-gather"} == {"bfloat16"}
+    weights = [r for r in predicted.collectives if r.op == "all-gather" and r.source != "token_embedder"]
+    assert {r.dtype for r in weights} == {"bfloat16"}
     ours, theirs = traffic_by_axes(predicted), traffic_by_axes(compiled)
     assert abs(ours[("fsdp",)] / theirs[("fsdp",)] - 1) < 0.05
 

@@ -20,6 +20,7 @@ from shardscope.cost.layout import SLICE, Layout
 from shardscope.cost.memory import memory_need
 from shardscope.cost.step import expected_step, per_op_compute
 from shardscope.hlo.profile import WorkBin
+from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import PER_OP, WHOLE_STEP, ComputeTime, Estimate, PricedRow, RowTime
 from shardscope.plan.records import CollectiveRow, axes_label
@@ -32,8 +33,18 @@ def figures_source() -> str:
     return f"{table_source()} (built-in figures: {BUILT_IN_SOURCES})"
 
 
-def price_row(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency: float, within_slice: bool) -> RowTime:
-    """One plan row's time per step on this layout."""
+def price_row(
+    row: CollectiveRow,
+    layout: Layout,
+    hardware: Hardware,
+    efficiency: float,
+    within_slice: bool,
+    cpu_program: bool = False,
+) -> RowTime:
+    """One plan row's time per step on this layout (`cpu_program`: a CPU compile's row the TPU program does
+    not have, `plan.cpu_only`, takes no time)."""
+    if cpu_program and cpu_only(row):
+        return RowTime(0.0, 0.0, 0.0)
     if row.axes is None:
         return RowTime(None, 0.0, 0.0, "groups match no mesh axes")
     if row.op not in PRICED_OPS:
@@ -107,7 +118,8 @@ def estimate_plan(
       work: the plan's work profile: with it, compute is priced op by op and `expected` overlaps per loop
         body; without it, the whole-step roofline stands in.
       route: which compile the figures come from, for every label that prints them.
-      cpu_program: the plan is a CPU compile's (its ops' bytes are priced as a TPU's would be).
+      cpu_program: the plan is a CPU compile's (its ops' bytes are priced as a TPU's would be, and the rows
+        only a CPU compile has take no time).
 
     Raises:
       HardwareError: the layout is for another generation or mesh, or efficiency is not in (0, 1].
@@ -118,7 +130,7 @@ def estimate_plan(
         raise HardwareError(f"efficiency must be in (0, 1], found {efficiency!r}")
     # A multi-slice plan is compiled per slice: its groups never leave a slice.
     within_slice = layout.slices > 1
-    rows = tuple(price_row(row, layout, hardware, eff, within_slice) for row in plan.collectives)
+    rows = tuple(price_row(row, layout, hardware, eff, within_slice, cpu_program) for row in plan.collectives)
     cross = tuple(
         PricedRow(row, price_cross_slice(row, layout, hardware, eff)) for row in cross_slice_rows(plan, layout.slices)
     )

@@ -1,4 +1,4 @@
-"""The activations' collectives: tensor parallelism's partial sums, and a pipeline's stage-to-stage sends.
+"""The activations' collectives: tensor parallelism's partial sums, and context parallelism's K/V gathers.
 
 Tensor parallelism keeps a weight split over axes that do not split the tokens. Where such an axis splits
 the dimensions a matmul contracts (the input features of an output projection: attention's `out`, the
@@ -10,16 +10,13 @@ times the features on the other side, in the activations' dtype.
 Context parallelism splits the sequence: each device's queries attend to every key, so the keys and values
 of an attention block are all-gathered over the axes that split their length (again in the remat's
 recompute), and their gradients reduce-scattered back in the backward pass.
-
-A pipeline sends each microbatch's residual stream from one stage to the next once per iteration, and its
-gradient back in the backward pass: one collective-permute over the stage axes each way per iteration.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
@@ -60,8 +57,8 @@ def tensor_parallel_sums(
     plan: Plan, every: tuple[Weight, ...], tokens: int, dtype: str, remat: bool
 ) -> tuple[CollectiveRow, ...]:
     """Tensor parallelism's activation collectives (see the module doc). An output projection's partial
-    output is summed per weight; the projections that share an input (query, key and value; `wi_0` and
-    `wi_1`) share its gather, or the sum of its gradient, once per group."""
+    output is summed per weight, and so is an input gradient; the projections that share an input (query,
+    key and value; `wi_0` and `wi_1`) share its gather where the residual stream is split, once per group."""
     rows: list[CollectiveRow] = []
     groups: dict[tuple[str, tuple[str, ...], int], Weight] = {}
     sizes = mesh_sizes(plan)
@@ -77,19 +74,22 @@ def tensor_parallel_sums(
             passes = (("forward", 1), ("backward", _REMAT_FORWARD)) if remat else (("forward", 1),)
             rows += [_collective("all-reduce", weight, contracted, shape, dtype, p, n) for p, n in passes]
         split_out = tuple(a for a in _split_axes(plan, weight, outputs) if a not in contracted)
-        if split_out:
-            parent = weight.module.rsplit("/", 1)[0]
-            groups.setdefault((parent, split_out, _full_size(weight, inputs)), weight)
-    for (_, axes, features), weight in sorted(groups.items()):
-        shape = (tokens, features)
-        residual = _residual_split(plan, weight) & set(axes)
+        if not split_out:
+            continue
+        shape = (tokens, _full_size(weight, inputs))
+        residual = _residual_split(plan, weight) & set(split_out)
         if residual:
-            over = in_mesh_order(plan, residual)
-            steps = [("all-gather", "forward"), ("reduce-scatter", "backward")]
-            steps += [("all-gather", "backward")] if remat else []
-            rows += [_collective(op, weight, over, shape, dtype, p, 1) for op, p in steps]
+            parent = weight.module.rsplit("/", 1)[0]
+            groups.setdefault((parent, in_mesh_order(plan, residual), shape[1]), weight)
         else:
-            rows.append(_collective("all-reduce", weight, axes, shape, dtype, "backward", 1))
+            # Each projection's input gradient is partial and summed on its own: the partitioner sums a
+            # matmul's partial output where the matmul is, before the siblings' gradients are added.
+            rows.append(_collective("all-reduce", weight, split_out, shape, dtype, "backward", 1))
+    for (_, over, features), weight in sorted(groups.items()):
+        shape = (tokens, features)
+        steps = [("all-gather", "forward"), ("reduce-scatter", "backward")]
+        steps += [("all-gather", "backward")] if remat else []
+        rows += [_collective(op, weight, over, shape, dtype, p, 1) for op, p in steps]
     return tuple(rows)
 
 
@@ -110,42 +110,16 @@ def _collective(
     return layer_row(op, weight, axes, shape, dtype, pass_, cause, count)
 
 
-def pipeline_sends(
-    plan: Plan, every: tuple[Weight, ...], case: Case | None, micro_tokens: int
-) -> tuple[CollectiveRow, ...]:
-    """A pipelined stack's stage-to-stage permutes: one microbatch's residual stream per iteration, each way."""
-    staged = next((w for w in every if w.stack_axes), None)
-    if staged is None or case is None or case.preset.pipeline is None:
-        return ()
-    shape = (micro_tokens, case.model.embed_dim)
-    dtype = case.model.dtype
-    module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
-    cause = Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=())
-    return tuple(
-        CollectiveRow(
-            op="collective-permute",
-            axes=staged.stack_axes,
-            dtype=dtype,
-            shape=shape,
-            bytes=nbytes(shape, dtype),
-            count=1,
-            loop_trips=staged.loop_trips,
-            pass_=pass_,
-            source=module,
-            cause=cause,
-            shift=1,
-        )
-        for pass_ in ("forward", "backward")
-    )
-
-
 _KEYS_AND_VALUES = ("key", "value")
 _ATTENTION_QUERY = "/self_attention/query"
 
 
-def context_gathers(plan: Plan, every: tuple[Weight, ...], remat: bool) -> tuple[CollectiveRow, ...]:
+def context_gathers(
+    plan: Plan, every: tuple[Weight, ...], remat: bool, operand: Callable[[str], str] = str
+) -> tuple[CollectiveRow, ...]:
     """Each attention block's keys and values gathered over the axes that split their sequence (see the
-    module doc), from the block's recorded `key` and `value` activations."""
+    module doc), from the block's recorded `key` and `value` activations. `operand`: the dtype a matmul
+    operand moves as (the gathers feed the score and value matmuls; their gradients are matmul outputs)."""
     tensors = plan.tensor_map
     sizes = mesh_sizes(plan)
     rows: list[CollectiveRow] = []
@@ -170,13 +144,14 @@ def context_gathers(plan: Plan, every: tuple[Weight, ...], remat: bool) -> tuple
             if remat:
                 passes.append(("all-gather", "backward", 1))
             for op, pass_, count in passes:
+                dtype = operand(record.dtype) if op == "all-gather" else record.dtype
                 rows.append(
                     CollectiveRow(
                         op=op,
                         axes=axes,
-                        dtype=record.dtype,
+                        dtype=dtype,
                         shape=gathered,
-                        bytes=nbytes(gathered, record.dtype),
+                        bytes=nbytes(gathered, dtype),
                         count=count * (stack.per_trip if stack is not None else 1),
                         loop_trips=stack.loop_trips if stack is not None else 1,
                         pass_=pass_,

@@ -44,6 +44,11 @@ class Weight:
     per_trip: int = 1
 
     @property
+    def stacked(self) -> bool:
+        """Part of a layer stack (it has a layers dimension): what the scan runs, and the remat recomputes."""
+        return any(is_stack_dim(name) for name in self.record.logical or ())
+
+    @property
     def is_expert(self) -> bool:
         """A MoE expert weight (it has an `exp` dimension)."""
         return self.record.logical is not None and EXPERT_LOGICAL in self.record.logical
@@ -99,6 +104,15 @@ def moved_dtype(weight_dtype: str, case: Case | None) -> str:
     if case is None:
         return weight_dtype
     return case.model.dtype if nbytes((1,), case.model.dtype) < nbytes((1,), weight_dtype) else weight_dtype
+
+
+def dot_operand_dtype(dtype: str) -> str:
+    """What a float32 matmul weight with head or expert dimensions moves as in a TPU program: at the default
+    precision the TPU multiplies float32 in one bfloat16 pass, and its compiler narrows such operands before
+    gathering them. Only float32 models see it (a bfloat16 model moves bfloat16 already); in the TPU goldens
+    of float32 models the rank-3 weights (heads, experts) are gathered as bfloat16 and most rank-2
+    projections as float32, their gradients summed in float32."""
+    return "bfloat16" if dtype == "float32" else dtype
 
 
 def mesh_sizes(plan: Plan) -> dict[str, int]:

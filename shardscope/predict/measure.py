@@ -6,8 +6,10 @@ import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
+from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
 from shardscope.plan.records import TENSORS_ONLY, CollectiveRow
+from shardscope.predict.weights import WEIGHT_USE
 
 
 def tensors_only(plan: Plan) -> Plan:
@@ -19,10 +21,11 @@ def tensors_only(plan: Plan) -> Plan:
 
 def traffic_per_axes(rows: tuple[CollectiveRow, ...]) -> dict[tuple[str, ...], int]:
     """Bytes per device per step (bytes × count × loop_trips) per mesh-axis set; rows with unknown trips or
-    unmatched groups are left out (a prediction has neither)."""
+    unmatched groups are left out (a prediction has neither), and so are the rows only a CPU compile has
+    (`plan.cpu_only`: the prediction is of the TPU program)."""
     out: dict[tuple[str, ...], int] = defaultdict(int)
     for row in rows:
-        if row.axes is not None and row.traffic is not None:
+        if row.axes is not None and row.traffic is not None and not cpu_only(row):
             out[row.axes] += row.traffic
     return dict(out)
 
@@ -67,13 +70,19 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def gather_matches(compiled: Plan, predicted: Plan) -> tuple[int, int]:
-    """(matched, predicted) forward weight all-gathers: a match is a compiled forward all-gather over the same
-    axes, of the same shape (unit dims aside) and loop trips, whose cause names that weight."""
+    """(matched, predicted) forward weight all-gathers where a layer uses the weight (not at a pipeline's edge,
+    nor a lookup's): a match is a compiled forward all-gather over the same axes, of the same shape (unit dims
+    aside) and loop trips, whose cause names that weight."""
     compiled_rows = [r for r in compiled.collectives if r.op == "all-gather" and r.pass_ == "forward" and r.cause]
     mine = [
         (r, r.cause.tensors[0])
         for r in predicted.collectives
-        if r.op == "all-gather" and r.pass_ == "forward" and r.cause and r.cause.tensors[0].startswith("params/")
+        if r.op == "all-gather"
+        and r.pass_ == "forward"
+        and r.cause
+        and r.cause.tensors[:1]
+        and r.cause.tensors[0].startswith("params/")
+        and r.cause.consumer.endswith(WEIGHT_USE)
     ]
     matched = 0
     for row, weight in mine:

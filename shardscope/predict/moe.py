@@ -9,6 +9,7 @@ a device's tokens (dropless, every local token, without one: the tiny models).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from shardscope.case.resolve import Case
@@ -18,13 +19,18 @@ from shardscope.plan.records import Cause, CollectiveRow
 from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row
 from shardscope.predict.rules import rules_on
 
-FORWARD_EXCHANGES = 2  # tokens to the experts, outputs back
-
 
 def moe_exchanges(
-    plan: Plan, experts: tuple[Weight, ...], rules: tuple[Rule, ...], remat: bool, case: Case | None = None
+    plan: Plan,
+    experts: tuple[Weight, ...],
+    rules: tuple[Rule, ...],
+    remat: bool,
+    case: Case | None = None,
+    operand: Callable[[str], str] = str,
 ) -> tuple[CollectiveRow, ...]:
-    """One forward and one backward all-to-all row per MoE block (the module holding expert weights)."""
+    """The all-to-alls of each MoE block (the module holding expert weights), per pass. `operand`: the dtype
+    a matmul operand moves as: the tokens sent to the experts (and the remat's resend) feed the experts'
+    matmuls, the outputs coming back and the gradients are their results."""
     tensors = plan.tensor_map
     rows: list[CollectiveRow] = []
     for module in sorted({w.module for w in experts}):
@@ -49,9 +55,41 @@ def moe_exchanges(
             line=None,
             rules=rules_on(plan, inputs_path, inputs, exchange, rules),
         )
-        backward = 2 * FORWARD_EXCHANGES if remat else FORWARD_EXCHANGES
-        for pass_, count in (("forward", FORWARD_EXCHANGES), ("backward", backward)):
-            rows.append(layer_row("all-to-all", weight, exchange, slots, inputs.dtype, pass_, cause, count, module))
+        sent, results = operand(inputs.dtype), inputs.dtype
+        passes = [("forward", sent), ("forward", results), ("backward", sent), ("backward", results)]
+        if remat:
+            passes += [("backward", sent), ("backward", results)]
+        for (pass_, dtype), count in Counter(passes).items():
+            rows.append(layer_row("all-to-all", weight, exchange, slots, dtype, pass_, cause, count, module))
+    return tuple(rows)
+
+
+def expert_token_sums(plan: Plan, experts: tuple[Weight, ...], case: Case | None) -> tuple[CollectiveRow, ...]:
+    """The sums of each MoE block's outputs over the expert axes that do not split the tokens (the body's
+    `sum_axes`): every device there holds the same tokens and runs only its own experts on them, so the
+    combined output [tokens, embed] is added over those axes in the forward pass; the backward pass adds the
+    tokens' gradients, one per (token, choice), over them (the shard_map's replicated input). The remat
+    keeps the forward sum's output, as the compiled steps show (no recomputed sum)."""
+    tensors = plan.tensor_map
+    rows: list[CollectiveRow] = []
+    for module in sorted({w.module for w in experts}):
+        weight = next(w for w in experts if w.module == module)
+        inputs_path = f"activations/{module}/inputs"
+        inputs = tensors.get(inputs_path)
+        if inputs is None:
+            continue
+        split_tokens = {axis for entry in inputs.spec[:-1] for axis in entry_axes(entry)}
+        axes = in_mesh_order(plan, set(weight.kept_axes) - split_tokens)
+        if not axes:
+            continue
+        local_tokens = 1
+        for size in inputs.shard_shape[:-1]:
+            local_tokens *= size
+        choices = case.model.num_experts_per_token if case is not None and case.model.num_experts else 1
+        cause = Cause(tensors=(inputs_path,), consumer=f"{module}/psum", line=None, rules=())
+        for pass_, tokens in (("forward", local_tokens), ("backward", local_tokens * choices)):
+            shape = (tokens, inputs.shape[-1])
+            rows.append(layer_row("all-reduce", weight, axes, shape, inputs.dtype, pass_, cause, 1, module))
     return tuple(rows)
 
 

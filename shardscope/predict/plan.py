@@ -12,9 +12,11 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule
 from shardscope.plan.document import Plan
 from shardscope.plan.records import CollectiveRow, RuleCause
-from shardscope.predict.activations import context_gathers, pipeline_sends, tensor_parallel_sums
-from shardscope.predict.layout import Placement, moved_dtype, placement_of
-from shardscope.predict.moe import expert_partial_sums, moe_exchanges
+from shardscope.predict.activations import context_gathers, tensor_parallel_sums
+from shardscope.predict.embedding import lookup_collectives
+from shardscope.predict.layout import Placement, dot_operand_dtype, moved_dtype, placement_of
+from shardscope.predict.moe import expert_partial_sums, expert_token_sums, moe_exchanges
+from shardscope.predict.pipeline import pipeline_collectives
 from shardscope.predict.rules import preset_moe, preset_rules, rules_on
 from shardscope.predict.weights import gradient_sum, weight_gathers
 from shardscope.predict.work import expert_slots, predicted_work
@@ -59,17 +61,23 @@ def predict_collectives(
     rules = preset_rules(plan) if causes else ()
     batch_rules = _batch_rules(plan, batch, rules) if causes else ()
     rows: list[CollectiveRow] = []
+    on_tpu = dict(plan.provenance).get("backend") == "tpu"
     for weight in every:
         dtype = moved_dtype(weight.record.dtype, case)
-        rows.extend(weight_gathers(plan, weight, rules, remat, dtype))
+        # A TPU program narrows a float32 weight with head or expert dimensions before gathering it.
+        gathered = dot_operand_dtype(dtype) if on_tpu and len(weight.layer_shape) > 2 else dtype
+        rows.extend(weight_gathers(plan, weight, rules, remat, gathered))
         rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype))
     if case is not None:
         rows.extend(tensor_parallel_sums(plan, every, found.tokens, case.model.dtype, remat))
-    rows.extend(pipeline_sends(plan, every, case, found.micro_tokens))
-    rows.extend(context_gathers(plan, every, remat))
+    rows.extend(lookup_collectives(plan, case, found.tokens, batch))
+    rows.extend(pipeline_collectives(plan, every, case, found.tokens, found.micro_tokens, batch))
+    operand = dot_operand_dtype if on_tpu else str
+    rows.extend(context_gathers(plan, every, remat, operand))
     experts = tuple(w for w in every if w.is_expert)
     if preset_moe(plan) == "all_to_all":
-        rows.extend(moe_exchanges(plan, experts, rules, remat, case))
+        rows.extend(moe_exchanges(plan, experts, rules, remat, case, operand))
+    rows.extend(expert_token_sums(plan, experts, case))
     rows.extend(expert_partial_sums(plan, experts, remat, lambda w: expert_slots(plan, w, case, found.tokens)))
     return tuple(sorted(rows, key=lambda row: (_PASS_ORDER.get(row.pass_, 9), row.source, row.op)))
 

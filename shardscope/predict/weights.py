@@ -9,29 +9,36 @@ axis is what the prediction keeps).
 
 from __future__ import annotations
 
-from shardscope.case.rules import Rule
+import math
+
+from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, RuleCause
-from shardscope.predict.layout import Weight, in_mesh_order, layer_row
+from shardscope.predict.layout import Weight, in_mesh_order, layer_row, mesh_sizes
 from shardscope.predict.rules import rules_on
+
+
+WEIGHT_USE = "/dot_general"  # the consumer a weight's gather and gradient sum name (`<module>/dot_general`)
 
 
 def weight_gathers(
     plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: bool, dtype: str
 ) -> tuple[CollectiveRow, ...]:
-    """The forward all-gather of the weight's per-layer slice over the axes that split it, and with remat the
-    same again in the backward pass; () for a weight no axis splits (expert dims stay split). `dtype`: what
-    travels (`layout.moved_dtype`)."""
+    """The forward all-gather of the weight's per-layer slice over the axes that split it, and with remat (in
+    a layer stack) the same again in the backward pass; () for a weight no axis splits (expert dims stay
+    split). `dtype`: what travels (`layout.moved_dtype`)."""
     axes = weight.gathered_axes
     if not axes:
         return ()
     cause = Cause(
         tensors=(weight.path,),
-        consumer=f"{weight.module}/dot_general",
+        consumer=f"{weight.module}{WEIGHT_USE}",
         line=None,
         rules=rules_on(plan, weight.path, weight.record, axes, rules),
     )
-    passes = ("forward", "backward") if remat else ("forward",)
+    # Only the layer stack is rematerialised: a weight outside it (the logits projection, the final norm)
+    # keeps its gathered copy for the backward pass.
+    passes = ("forward", "backward") if remat and weight.stacked else ("forward",)
     return tuple(_per_layer("all-gather", weight, axes, pass_, cause, dtype) for pass_ in passes)
 
 
@@ -40,14 +47,51 @@ def gradient_sum(
 ) -> tuple[CollectiveRow, ...]:
     """The all-reduce of the weight's per-layer gradient over the token axes. Not over the axes it stays split
     on (an expert's tokens came to its devices; a tensor-parallel slice sees every token), nor over pipeline
-    stages (each stage owns its layers)."""
-    axes = in_mesh_order(plan, set(batch) - set(weight.kept_axes) - set(weight.stack_axes))
+    stages (each stage owns its layers), nor over axes its input is gathered over (`input_token_axes`)."""
+    tokens = set(batch) & input_token_axes(plan, weight, batch)
+    axes = in_mesh_order(plan, tokens - set(weight.kept_axes) - set(weight.stack_axes))
     if not axes:
         return ()
     cause = Cause(
         tensors=(f"grads/{weight.path}",), consumer=f"{weight.module}/dot_general", line=None, rules=batch_rules
     )
-    return (_per_layer("all-reduce", weight, axes, "backward", cause, dtype),)
+    # Over the axes the weight is split on, the whole gradient is summed and each device keeps its shard;
+    # over the batch axes it is not split on (pure data parallelism for this weight), only that shard is
+    # summed, as the compiled goldens do it.
+    split = tuple(a for a in axes if a in weight.gathered_axes)
+    rest = tuple(a for a in axes if a not in split)
+    if not split or not rest:
+        return (_per_layer("all-reduce", weight, axes, "backward", cause, dtype),)
+    sizes = mesh_sizes(plan)
+    shard = (max(1, math.prod(weight.layer_shape) // math.prod(sizes[a] for a in split)),)
+    return (
+        _per_layer("all-reduce", weight, split, "backward", cause, dtype),
+        layer_row("all-reduce", weight, rest, shard, dtype, "backward", cause),
+    )
+
+
+# An attention projection's input, as the attention block records it: queries read `inputs_q`, keys and
+# values (and DeepSeek's compressed projections of each) `inputs_kv`.
+_ATTENTION_INPUTS = {
+    "query": "inputs_q",
+    "wq_a": "inputs_q",
+    "key": "inputs_kv",
+    "value": "inputs_kv",
+    "wkv_a": "inputs_kv",
+}
+
+
+def input_token_axes(plan: Plan, weight: Weight, batch: tuple[str, ...]) -> set[str]:
+    """The axes that split the tokens of the weight's input where the layer uses it: an attention block may
+    gather its input whole over some token axes (context parallelism whose attention reads whole
+    sequences), and then each device's gradient of its projections covers those axes' tokens already.
+    The batch axes where the input is not recorded."""
+    parent, name = weight.module.rsplit("/", 1) if "/" in weight.module else ("", weight.module)
+    leaf = _ATTENTION_INPUTS.get(name)
+    record = plan.tensor_map.get(f"activations/{parent}/{leaf}") if leaf is not None else None
+    if record is None:
+        return set(batch)
+    return {axis for entry in record.spec[:-1] for axis in entry_axes(entry)}
 
 
 def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause, dtype: str) -> CollectiveRow:

@@ -1,0 +1,120 @@
+"""A pipeline's collectives (`reference_models/pipeline.py`): sends between stages, and what crosses its edge.
+
+Inside: each microbatch's residual stream goes from one stage to the next once per iteration, and its
+gradient back in the backward pass (a collective-permute over the stage axes each way per iteration).
+
+At its edge, once per step: outside the pipeline the batch is split over the stage axes too, so the stack's
+input is gathered over them on the way in; every stage returns its outputs and only the last stage's are not
+zero, so the outputs are summed over the stages (an all-reduce), and so are their gradients on the way back.
+
+With Explicit mesh axes the pipeline's shard_map closes every other axis: what enters it, each stage's
+weights and the microbatches (with the buffers the remat keeps of them: the outputs of every saved step), is
+gathered whole over those axes once per step in each pass, besides the gathers each layer makes inside;
+and the logits' gradient, split over the stages outside, is gathered over them to meet the replicated
+output. With Auto axes those dimensions stay open and none of this moves.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardscope.case.resolve import Case
+from shardscope.case.rules import entry_axes
+from shardscope.plan.document import Plan
+from shardscope.plan.records import Cause, CollectiveRow
+from shardscope.predict.layout import Weight, in_mesh_order, is_stack_dim, mesh_sizes, nbytes
+
+EXPLICIT = "explicit"  # a plan's axis_types when its mesh axes are Explicit
+
+
+def _row(
+    op: str, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, source: str, cause: Cause
+) -> CollectiveRow:
+    """A collective that runs once per step."""
+    return CollectiveRow(
+        op=op,
+        axes=axes,
+        dtype=dtype,
+        shape=shape,
+        bytes=nbytes(shape, dtype),
+        count=1,
+        loop_trips=1,
+        pass_=pass_,
+        source=source,
+        cause=cause,
+    )
+
+
+def pipeline_collectives(
+    plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro_tokens: int, batch: tuple[str, ...]
+) -> tuple[CollectiveRow, ...]:
+    """Every collective of a pipelined stack (see the module doc); () outside pipelines. `tokens`: a device's
+    tokens outside the pipeline; `micro_tokens`: a microbatch's inside; `batch`: the token axes."""
+    staged = next((w for w in every if w.stack_axes), None)
+    if staged is None or case is None or case.preset.pipeline is None:
+        return ()
+    pipeline, model = case.preset.pipeline, case.model
+    stages = staged.stack_axes
+    sizes = mesh_sizes(plan)
+    dtype = model.dtype
+    module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
+    rows = [
+        CollectiveRow(
+            op="collective-permute",
+            axes=stages,
+            dtype=dtype,
+            shape=(micro_tokens, model.embed_dim),
+            bytes=nbytes((micro_tokens, model.embed_dim), dtype),
+            count=1,
+            loop_trips=staged.loop_trips,
+            pass_=pass_,
+            source=module,
+            cause=Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=()),
+            shift=1,
+        )
+        for pass_ in ("forward", "backward")
+    ]
+    # A device's tokens with the stage split undone: what the edge gathers and the output sum adds.
+    edge = (tokens * math.prod(sizes[a] for a in stages), model.embed_dim)
+    cause = Cause(tensors=(), consumer=f"{module}/pipeline_edge", line=None, rules=())
+    rows += [
+        _row("all-gather", stages, edge, dtype, "forward", module, cause),
+        _row("all-reduce", stages, edge, dtype, "forward", module, cause),
+        _row("all-reduce", stages, edge, dtype, "backward", module, cause),
+    ]
+    if plan.case.axis_types != EXPLICIT:
+        return tuple(rows)
+    rows.append(_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
+    closed = in_mesh_order(plan, set(batch) - set(stages))
+    if closed:
+        # The microbatches, the outputs buffer, and the outputs the remat keeps of every saved step (one per
+        # round of a circular schedule, else one per iteration).
+        saved = pipeline.repeats if pipeline.repeats > 1 else staged.loop_trips
+        whole = (case.global_batch * model.seq_len, model.embed_dim)
+        for pass_, copies in (("forward", 2 + saved), ("backward", 2)):
+            shape = (copies * whole[0], whole[1])
+            rows.append(_row("all-gather", closed, shape, dtype, pass_, module, cause))
+    for weight in every:
+        if weight.stack_axes:
+            rows += _weight_edge(plan, weight, sizes)
+    return tuple(rows)
+
+
+def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int]) -> list[CollectiveRow]:
+    """A stage's slice of a stacked weight gathered whole over the other axes at the pipeline's edge, one
+    split dimension at a time from the last (each gather's result is the next one's input), in each pass."""
+    record = weight.record
+    logical = record.logical or (None,) * len(record.shape)
+    shape = list(record.shard_shape)
+    rows: list[CollectiveRow] = []
+    cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/pipeline_edge", line=None, rules=())
+    for dim in reversed(range(len(shape))):
+        if is_stack_dim(logical[dim]):
+            continue
+        axes = in_mesh_order(plan, set(entry_axes(record.spec[dim])))
+        if not axes:
+            continue
+        shape[dim] *= math.prod(sizes[a] for a in axes)
+        for pass_ in ("forward", "backward"):
+            rows.append(_row("all-gather", axes, tuple(shape), record.dtype, pass_, weight.module, cause))
+    return rows
