@@ -56,6 +56,37 @@ def test_default_case_traffic_per_axis_within_two_percent():
         assert entry.error is not None and abs(entry.error) < 0.02, entry
 
 
+# The (case, axes) pairs the prediction still misses by more than 20%, each for a reason the prediction does
+# not model: the explicit pipeline's stage-axis reshards of the embedding and logits at the schedule's edge
+# (and the embedding gradient gathered over every axis), the compiler gathering a context-parallel decoder's
+# final norm and logits over the non-context axes, and ep-as-dp's embedding gradient gathered whole.
+KNOWN_MISSES = {
+    ("deepseek-tiny/cpu-8/explicit-pipeline.json", ("stage",)),
+    ("deepseek-tiny/cpu-8/explicit-pipeline.json", ("stage", "fsdp", "expert")),
+    ("mixtral-tiny/cpu-8/explicit-pipeline.json", ("stage",)),
+    ("mixtral-tiny/cpu-8/explicit-pipeline.json", ("stage", "fsdp", "expert")),
+    ("deepseek-tiny/cpu-8/cp-as-ep.json", ("fsdp", "expert")),
+    ("mixtral-tiny/cpu-8/cp-as-ep.json", ("fsdp", "expert")),
+    ("deepseek-tiny/cpu-8/ep-as-dp.json", ("fsdp", "expert")),
+    ("mixtral-tiny/cpu-8/ep-as-dp.json", ("fsdp", "expert")),
+}
+
+
+def test_traffic_per_axis_within_twenty_percent_on_the_golden_matrix():
+    # Every case and mesh-axis set the compiled goldens move data over, but the known misses above (each
+    # under 5% of its case's traffic, measured); a miss that is fixed must leave the list, so the list cannot go stale.
+    misses = set()
+    pairs = 0
+    for name, golden in CASES:
+        for entry in axes_errors(golden, predicted_plan(tensors_only(golden))):
+            if entry.compiled:
+                pairs += 1
+                if entry.error is None or abs(entry.error) > 0.20:
+                    misses.add((name, entry.axes))
+    assert pairs >= 60
+    assert misses == KNOWN_MISSES
+
+
 def test_predicted_plan_round_trips_and_says_it_is_predicted():
     golden = dict(CASES)["mixtral-tiny/cpu-8/default.json"]
     plan = predicted_plan(tensors_only(golden))

@@ -1,4 +1,4 @@
-"""The activations' collectives: tensor parallelism's partial sums, and context parallelism's K/V gathers.
+"""The activations' collectives: tensor parallelism's partial sums and gathers.
 
 Tensor parallelism keeps a weight split over axes that do not split the tokens. Where such an axis splits
 the dimensions a matmul contracts (the input features of an output projection: attention's `out`, the
@@ -6,16 +6,11 @@ MLP's `wo`), each device's output is a partial sum, added over the axis in the f
 the remat's recompute); where it splits only the output features (`wi`, `query`), the forward output stays
 split and the backward pass's input gradient is the partial sum. Either sum moves the tokens a device holds
 times the features on the other side, in the activations' dtype.
-
-Context parallelism splits the sequence: each device's queries attend to every key, so the keys and values
-of an attention block are all-gathered over the axes that split their length (again in the remat's
-recompute), and their gradients reduce-scattered back in the backward pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
@@ -27,8 +22,6 @@ from shardscope.predict.layout import (
     is_stack_dim,
     layer_row,
     mesh_sizes,
-    nbytes,
-    stack_of,
 )
 
 _REMAT_FORWARD = 1  # the recompute runs the forward sums once more
@@ -108,55 +101,3 @@ def _collective(
 ) -> CollectiveRow:
     cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/dot_general", line=None, rules=())
     return layer_row(op, weight, axes, shape, dtype, pass_, cause, count)
-
-
-_KEYS_AND_VALUES = ("key", "value")
-_ATTENTION_QUERY = "/self_attention/query"
-
-
-def context_gathers(
-    plan: Plan, every: tuple[Weight, ...], remat: bool, operand: Callable[[str], str] = str
-) -> tuple[CollectiveRow, ...]:
-    """Each attention block's keys and values gathered over the axes that split their sequence (see the
-    module doc), from the block's recorded `key` and `value` activations. `operand`: the dtype a matmul
-    operand moves as (the gathers feed the score and value matmuls; their gradients are matmul outputs)."""
-    tensors = plan.tensor_map
-    sizes = mesh_sizes(plan)
-    rows: list[CollectiveRow] = []
-    for path, _ in plan.tensors:
-        if not path.endswith(_ATTENTION_QUERY):
-            continue
-        module = path.removeprefix("activations/").removesuffix("/query")
-        stack = stack_of(module, every)
-        for name in _KEYS_AND_VALUES:
-            record = tensors.get(f"activations/{module}/{name}")
-            if record is None or len(record.spec) < 2:
-                continue
-            axes = in_mesh_order(plan, set(entry_axes(record.spec[1])))
-            if not axes:
-                continue
-            ways = math.prod(sizes[a] for a in axes)
-            gathered = (record.shard_shape[0], record.shard_shape[1] * ways, *record.shard_shape[2:])
-            cause = Cause(
-                tensors=(f"activations/{module}/{name}",), consumer=f"{module}/attention", line=None, rules=()
-            )
-            passes = [("all-gather", "forward", 1), ("reduce-scatter", "backward", 1)]
-            if remat:
-                passes.append(("all-gather", "backward", 1))
-            for op, pass_, count in passes:
-                dtype = operand(record.dtype) if op == "all-gather" else record.dtype
-                rows.append(
-                    CollectiveRow(
-                        op=op,
-                        axes=axes,
-                        dtype=dtype,
-                        shape=gathered,
-                        bytes=nbytes(gathered, dtype),
-                        count=count * (stack.per_trip if stack is not None else 1),
-                        loop_trips=stack.loop_trips if stack is not None else 1,
-                        pass_=pass_,
-                        source=module,
-                        cause=cause,
-                    )
-                )
-    return tuple(rows)

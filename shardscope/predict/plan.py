@@ -12,7 +12,8 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule
 from shardscope.plan.document import Plan
 from shardscope.plan.records import CollectiveRow, RuleCause
-from shardscope.predict.activations import context_gathers, tensor_parallel_sums
+from shardscope.predict.activations import tensor_parallel_sums
+from shardscope.predict.context import context_attention
 from shardscope.predict.embedding import lookup_collectives
 from shardscope.predict.layout import Placement, dot_operand_dtype, moved_dtype, placement_of
 from shardscope.predict.moe import expert_partial_sums, expert_token_sums, moe_exchanges
@@ -73,7 +74,7 @@ def predict_collectives(
     rows.extend(lookup_collectives(plan, case, found.tokens, batch))
     rows.extend(pipeline_collectives(plan, every, case, found.tokens, found.micro_tokens, batch))
     operand = dot_operand_dtype if on_tpu else str
-    rows.extend(context_gathers(plan, every, remat, operand))
+    rows.extend(context_attention(plan, every, remat, operand))
     experts = tuple(w for w in every if w.is_expert)
     if preset_moe(plan) == "all_to_all":
         rows.extend(moe_exchanges(plan, experts, rules, remat, case, operand))

@@ -17,7 +17,6 @@ from shardscope.plan.records import Cause, CollectiveRow, RuleCause
 from shardscope.predict.layout import Weight, in_mesh_order, layer_row, mesh_sizes
 from shardscope.predict.rules import rules_on
 
-
 WEIGHT_USE = "/dot_general"  # the consumer a weight's gather and gradient sum name (`<module>/dot_general`)
 
 

@@ -1,0 +1,105 @@
+"""Context parallelism's attention collectives: the sequence is split, and each query attends to every key.
+
+Over the axes that split the keys' and values' length, each attention block gathers the keys and values
+whole in the forward pass, and again in the remat's recompute. In the backward pass the compiled steps move
+the gradients of the split queries, keys and values whole over those axes too (each device's share of the
+score matmuls' transposes needs all of them), rather than reduce-scattering partial sums.
+
+Where the block reads its input whole over those axes (the attention's input rules leave the sequence
+unsplit while the residual stream splits it), the input is gathered once per pass as well (forward, the
+remat's recompute), and its gradient gathered whole in the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from shardscope.case.rules import entry_axes
+from shardscope.plan.document import Plan
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
+from shardscope.predict.layout import Weight, in_mesh_order, mesh_sizes, nbytes, stack_of
+
+_QUERY = "/self_attention/query"
+_GRADIENTS = ("query", "key", "value")
+_INPUTS = "inputs_q"
+
+
+def _length_axes(plan: Plan, record: TensorRecord) -> tuple[str, ...]:
+    """The axes (size > 1) that split a [batch, length, …] activation's length."""
+    return in_mesh_order(plan, set(entry_axes(record.spec[1]))) if len(record.spec) > 1 else ()
+
+
+def _whole(record: TensorRecord, ways: int) -> tuple[int, ...]:
+    """A device's share of the activation with its length gathered `ways` times."""
+    return (record.shard_shape[0], record.shard_shape[1] * ways, *record.shard_shape[2:])
+
+
+def _row(
+    module: str,
+    axes: tuple[str, ...],
+    count: int,
+    trips: int,
+    op: str,
+    pass_: str,
+    name: str,
+    dtype: str,
+    shape: tuple[int, ...],
+) -> CollectiveRow:
+    """One collective of an attention block's `name` activation, `count` times per loop trip."""
+    cause = Cause(tensors=(f"activations/{module}/{name}",), consumer=f"{module}/attention", line=None, rules=())
+    return CollectiveRow(
+        op=op,
+        axes=axes,
+        dtype=dtype,
+        shape=shape,
+        bytes=nbytes(shape, dtype),
+        count=count,
+        loop_trips=trips,
+        pass_=pass_,
+        source=module,
+        cause=cause,
+    )
+
+
+def context_attention(
+    plan: Plan, every: tuple[Weight, ...], remat: bool, operand: Callable[[str], str] = str
+) -> tuple[CollectiveRow, ...]:
+    """Every attention block's context-parallel collectives (see the module doc). `operand`: the dtype a
+    matmul operand moves as (the gathered keys and values feed the score and value matmuls)."""
+    tensors = plan.tensor_map
+    sizes = mesh_sizes(plan)
+    rows: list[CollectiveRow] = []
+    for path, _ in plan.tensors:
+        if not path.endswith(_QUERY):
+            continue
+        module = path.removeprefix("activations/").removesuffix("/query")
+        key = tensors.get(f"activations/{module}/key")
+        if key is None:
+            continue
+        axes = _length_axes(plan, key)
+        if not axes:
+            continue
+        ways = math.prod(sizes[a] for a in axes)
+        stack = stack_of(module, every)
+        count, trips = (stack.per_trip, stack.loop_trips) if stack is not None else (1, 1)
+        wanted: list[tuple[str, str, str, str, tuple[int, ...]]] = []
+        gathers = ("forward", "backward") if remat else ("forward",)
+        for name in ("key", "value"):
+            record = tensors.get(f"activations/{module}/{name}")
+            if record is not None and _length_axes(plan, record) == axes:
+                whole = _whole(record, ways)
+                wanted += [("all-gather", p, name, operand(record.dtype), whole) for p in gathers]
+                # Every query's contribution to the whole keys' (values') gradient, summed back to its shard.
+                wanted.append(("reduce-scatter", "backward", name, record.dtype, whole))
+        for name in _GRADIENTS:
+            record = tensors.get(f"activations/{module}/{name}")
+            if record is not None and _length_axes(plan, record) == axes:
+                wanted.append(("all-gather", "backward", name, record.dtype, _whole(record, ways)))
+        inputs = tensors.get(f"activations/{module}/{_INPUTS}")
+        if inputs is not None and not set(axes) & set(_length_axes(plan, inputs)):
+            # Read whole: its shard already has the whole length.
+            read = inputs.shard_shape
+            wanted += [("all-gather", p, _INPUTS, inputs.dtype, read) for p in (*gathers, "backward")]
+        rows += [_row(module, axes, count, trips, *entry) for entry in wanted]
+    return tuple(rows)
