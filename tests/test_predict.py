@@ -74,7 +74,8 @@ KNOWN_MISSES = {
 
 def test_traffic_per_axis_within_twenty_percent_on_the_golden_matrix():
     # Every case and mesh-axis set the compiled goldens move data over, but the known misses above (each
-    # under 5% of its case's traffic, measured); a miss that is fixed must leave the list, so the list cannot go stale.
+    # under 5% of its case's traffic, measured); a miss that is fixed must leave the list, so it cannot go
+    # stale.
     misses = set()
     pairs = 0
     for name, golden in CASES:
