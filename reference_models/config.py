@@ -17,6 +17,10 @@ from dataclasses import dataclass
 ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
 # MaxText's `attention` values that shardscope models (see DecoderConfig.attention_kernel).
 ATTENTION_KERNELS = ("dot_product", "flash", "autoselected")
+# How the experts' matmuls run (DecoderConfig.expert_matmul).
+EXPERT_MATMULS = ("dense", "grouped")
+# The named scope around the experts' matmuls when they run grouped (shardscope.hlo.profile.GROUPED_SCOPE).
+GROUPED_SCOPE = "grouped_matmul"
 # Where MaxText's `custom` remat policy puts a named value: recomputed, kept on the device, or offloaded.
 REMAT_LOCATIONS = ("remat", "device", "offload")
 # MaxText's remat policies by name (`remat.py` builds them), and shardscope's "none" (no remat).
@@ -81,6 +85,11 @@ class DecoderConfig:
     num_shared_experts: int = 0
     router: str = "softmax_topk"  # one of ROUTERS
     capacity_factor: float | None = None  # None = dropless (capacity = local tokens)
+    # MaxText's expert matmuls: "dense" (sparse_matmul=false: einsums over capacity slots) or "grouped"
+    # (sparse_matmul: one grouped-matmul kernel over the tokens sorted by expert, megablox on TPU). The
+    # program computes the same slots either way; "grouped" names them `GROUPED_SCOPE` so that the cost
+    # model prices them as the kernel runs.
+    expert_matmul: str = "dense"
     # The batch a train step sees: `global_batch` sequences if set, else `per_device_batch` per device
     # (MaxText's per_device_batch_size; fractional when the sequence is split over devices).
     seq_len: int

@@ -20,6 +20,7 @@ local tokens the block is dropless and equals a single-device MoE exactly.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from reference_models.config import DecoderConfig
+from reference_models.config import GROUPED_SCOPE, DecoderConfig
 from reference_models.layers import MlpBlock, logical_param
 from reference_models.sharding import ambient_mesh, constrain, constrain_physical, current_context, entry_axes, place
 
@@ -108,6 +109,7 @@ class ExpertLayout:
     ep_sizes: tuple[int, ...] = ()
     exchange_axes: Axes = ()
     tp_axes: Axes = ()  # mesh axes splitting the experts' hidden dimension (their partial sums are added)
+    grouped: bool = False  # the experts' matmuls run as a grouped-matmul kernel (config.expert_matmul)
 
     @property
     def ep_size(self) -> int:
@@ -151,14 +153,16 @@ def _exchange_blocks(layout: ExpertLayout) -> jax.Array:
 def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array, layout: ExpertLayout) -> jax.Array:
     """SwiGLU experts on per-expert slots [experts, slots, embed]."""
     dtype = tokens.dtype
+
+    def grouped(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
+        # Under `GROUPED_SCOPE` when the experts run as the grouped-matmul kernel (the cost model's cue).
+        with jax.named_scope(GROUPED_SCOPE) if layout.grouped else contextlib.nullcontext():
+            return jnp.einsum(equation, x, w.astype(dtype))
+
     # Named as MaxText names them, for the remat policies (reference_models/remat.py).
-    gate = checkpoint_name(
-        checkpoint_name(jnp.einsum("xce,xem->xcm", tokens, wi_0.astype(dtype)), "mlpwi_0"), "moe_mlpwi_0"
-    )
-    up = checkpoint_name(
-        checkpoint_name(jnp.einsum("xce,xem->xcm", tokens, wi_1.astype(dtype)), "mlpwi_1"), "moe_mlpwi_1"
-    )
-    out = jnp.einsum("xcm,xme->xce", nn.silu(gate) * up, wo.astype(dtype))
+    gate = checkpoint_name(checkpoint_name(grouped("xce,xem->xcm", tokens, wi_0), "mlpwi_0"), "moe_mlpwi_0")
+    up = checkpoint_name(checkpoint_name(grouped("xce,xem->xcm", tokens, wi_1), "mlpwi_1"), "moe_mlpwi_1")
+    out = grouped("xcm,xme->xce", nn.silu(gate) * up, wo)
     out = checkpoint_name(checkpoint_name(out, "mlpwo"), "moe_mlpwo")
     return jax.lax.psum(out, _axis(layout.tp_axes)) if layout.tp_axes else out
 
@@ -269,7 +273,7 @@ class RoutedMoE(nn.Module):
         weights, ids = route(gate_logits, pre_bias_logits, cfg.num_experts_per_token, cfg.router)
         context = current_context()
         if context is None:
-            layout = ExpertLayout(experts, cfg.capacity_factor)
+            layout = ExpertLayout(experts, cfg.capacity_factor, grouped=cfg.expert_matmul == "grouped")
             return all_to_all_body(inputs, weights, ids, wi_0, wi_1, wo, layout=layout)
 
         token_spec = context.resolve(_TOKENS)
@@ -292,6 +296,7 @@ class RoutedMoE(nn.Module):
             ep_sizes=tuple(context.mesh.shape[a] for a in ep_axes),
             exchange_axes=tuple(a for a in ep_axes if a in token_axes),
             tp_axes=tp_axes,
+            grouped=cfg.expert_matmul == "grouped",
         )
         body = ring_body if context.moe_strategy == "ring" and layout.ep_size > 1 else all_to_all_body
         route_spec = PartitionSpec(*tuple(token_spec)[:2], None)

@@ -66,6 +66,34 @@ def test_ops_in_the_flash_attention_scope_are_the_kernels_flops_without_bytes():
     assert not [entry for entry in bins if entry.kind == "matmul"]
 
 
+def test_matmuls_in_the_grouped_scope_are_the_grouped_kernels_with_their_flops_and_bytes():
+    def experts(tokens, w, v):
+        with jax.named_scope("grouped_matmul"):
+            hidden = jnp.einsum("xce,xem->xcm", tokens, w)
+        return (hidden @ v).sum()  # outside the scope: an ordinary matmul
+
+    tokens, w, v = jnp.ones((4, 32, 64)), jnp.ones((4, 64, 128)), jnp.ones((128, 16))
+    bins = profile_of(experts, tokens, w, v)
+    grouped = [entry for entry in bins if entry.kind == "grouped"]
+    assert sum(entry.flops for entry in grouped) == 2 * 4 * 32 * 64 * 128
+    assert sum(entry.bytes for entry in grouped) == 4 * (4 * 32 * 64 + 4 * 64 * 128 + 4 * 32 * 128)
+    assert sum(entry.flops for entry in bins if entry.kind == "matmul") == 2 * 4 * 32 * 128 * 16
+
+
+def test_the_grouped_kernel_runs_narrow_experts_further_below_peak():
+    # The table's relation: the matmuls' fraction × (width / reference) ** exponent, never above theirs.
+    tuned = dataclasses.replace(V5P, mxu_efficiency=0.8, grouped_reference_width=8192.0, grouped_width_exponent=0.5)
+    assert tuned.grouped_efficiency(2048) == pytest.approx(0.8 * 0.5)
+    assert tuned.grouped_efficiency(32768) == pytest.approx(0.8)
+    entry = work("grouped", 1, 10**12, 10**6)
+    assert bin_seconds(entry, tuned, expert_width=2048) == pytest.approx(10**12 / (V5P.flops_per_device * 0.4))
+    # Without a width (no experts known) or without the table's relation, as the matmuls.
+    matmul = work("matmul", 1, 10**12, 10**6)
+    assert bin_seconds(entry, tuned) == bin_seconds(matmul, tuned)
+    untuned = dataclasses.replace(tuned, grouped_reference_width=None)
+    assert bin_seconds(entry, untuned, expert_width=2048) == bin_seconds(matmul, untuned)
+
+
 def test_bins_are_quarter_octaves_of_arithmetic_intensity():
     a, b = jnp.ones((256, 512), jnp.float32), jnp.ones((512, 128), jnp.float32)
     (matmul,) = [entry for entry in profile_of(jnp.matmul, a, b) if entry.kind == "matmul"]

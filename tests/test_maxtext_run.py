@@ -52,9 +52,9 @@ def test_a_command_line_plans_the_same_case_as_presets_mesh_and_settings():
         {"data": 1, "stage": 1, "fsdp": 4, "expert": 2},
         {"model.seq_len": "32", "model.per_device_batch": "1", "model.global_batch": "0"}
         # How the step runs, MaxText's defaults (base.yml): its attention kernel, bfloat16, full remat, and
-        # its dropless MoE as capacity factor 1.
+        # its dropless MoE as capacity factor 1 on the grouped-matmul kernel.
         | {"model.attention_kernel": "autoselected", "model.dtype": "bfloat16", "model.remat": "full"}
-        | {"model.capacity_factor": "1"},
+        | {"model.capacity_factor": "1", "model.expert_matmul": "grouped"},
     )
     assert case == same
     assert plan_to_json(plan_case(case, tensors_only=True)) == plan_to_json(plan_case(same, tensors_only=True))
@@ -117,6 +117,15 @@ def test_keys_that_change_the_step_but_are_not_modelled_are_named():
     given = maxtext_run("capacity_factor=1.25", "mixtral-tiny", ("fsdp",), 8, 1, True)
     assert dict(given.settings)["model.capacity_factor"] == "1.25"
     assert not any("sparse_matmul" in w for w in given.warnings)
+    # sparse_matmul (base.yml: true) runs the experts as the grouped-matmul kernel, with or without dropping;
+    # sparse_matmul=false as einsums over the capacity slots.
+    assert dict(run.settings)["model.expert_matmul"] == "grouped"
+    assert dict(given.settings)["model.expert_matmul"] == "grouped"
+    dense = maxtext_run(
+        "sparse_matmul=false megablox=false capacity_factor=1.25", "mixtral-tiny", ("fsdp",), 8, 1, True
+    )
+    assert "model.expert_matmul" not in dict(dense.settings)
+    assert not any("not modelled" in w for w in dense.warnings)
     assert dict(run.settings)["model.attention_kernel"] == "autoselected"  # base.yml's default, modelled
     assert not any("sparse_matmul" in w for w in maxtext_run("", "m", ("fsdp",), 8, 1, False).warnings)
 

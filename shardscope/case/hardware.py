@@ -72,6 +72,17 @@ class Hardware:
     # A CPU compile's bytes of ops without matrix work, as the TPU's compile of the same step touches them
     # (fitted to compiles of both; `shardscope.cost.step.bin_seconds`).
     cpu_memory_bytes_factor: float = 1.0
+    # The grouped-matmul kernel of a dropless MoE (MaxText's megablox/sparse_matmul) reaches the matmuls'
+    # fraction × (expert width / grouped_reference_width) ** grouped_width_exponent, at most the matmuls'.
+    grouped_reference_width: float | None = None
+    grouped_width_exponent: float = 0.0
+
+    def grouped_efficiency(self, width: int) -> float:
+        """The fraction of peak FLOP/s the grouped-matmul kernel reaches on experts `width` wide."""
+        if self.grouped_reference_width is None or width <= 0:
+            return self.mxu_efficiency
+        relative = (width / self.grouped_reference_width) ** self.grouped_width_exponent
+        return self.mxu_efficiency * min(1.0, relative)
 
     @property
     def host_bandwidth_per_device(self) -> float | None:
@@ -201,6 +212,7 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any, calibration: dict
     given = calibration or {}
     fitted = {key: _fraction(key, given.get(key, 1.0)) for key in CALIBRATED if key != "kernel_efficiency"}
     kernel = given.get("kernel_efficiency")
+    grouped = given.get("grouped_matmul") or {}
     return Hardware(
         name=name,
         efficiency=float(efficiency),
@@ -208,12 +220,22 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any, calibration: dict
         hbm_efficiency=fitted["hbm_efficiency"],
         cpu_memory_bytes_factor=fitted["cpu_memory_bytes_factor"],
         kernel_efficiency=None if kernel is None else _fraction("kernel_efficiency", kernel),
+        grouped_reference_width=_positive("grouped_matmul.reference_width", grouped.get("reference_width")),
+        grouped_width_exponent=_positive("grouped_matmul.width_exponent", grouped.get("width_exponent")) or 0.0,
         **values,
     )
 
 
 # The table's `calibration` block: constants fitted to published runs (each a fraction of a peak figure).
 CALIBRATED = ("mxu_efficiency", "hbm_efficiency", "kernel_efficiency", "cpu_memory_bytes_factor")
+
+
+def _positive(key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise HardwareError(f"{_where()}: calibration.{key} must be a positive number, found {value!r}")
+    return float(value)
 
 
 def _fraction(key: str, value: Any) -> float:
@@ -254,4 +276,6 @@ def _calibration(table: dict[str, Any], generation: str) -> dict[str, Any]:
     if unknown:
         raise HardwareError(f"{_where()}: calibration.generations has unknown constants {', '.join(unknown)}")
     shared = {key: value for key, value in calibration.items() if key != "generations"}
+    if not isinstance(shared.get("grouped_matmul", {}), dict):
+        raise HardwareError(f"{_where()}: 'calibration.grouped_matmul' must be a mapping")
     return {**shared, **own.get(generation, {})}

@@ -278,7 +278,14 @@ def _settings(
             default = _MODEL_KEYS[key](defaults[key]) or {}
             settings.update(default)
             defaulted.update(default)
-    if moe and values.get("sparse_matmul", True) and "capacity_factor" not in values:
+    sparse = values.get("sparse_matmul", defaults["sparse_matmul"])
+    if moe and sparse:
+        # MaxText's sparse_matmul runs the experts as one grouped-matmul kernel (megablox on TPU; ragged_dot
+        # without megablox, priced the same): planned on the same slots, priced as the kernel runs.
+        settings["model.expert_matmul"] = "grouped"
+        if "sparse_matmul" not in values:
+            defaulted.add("model.expert_matmul")
+    if moe and sparse and "capacity_factor" not in values:
         # Dropless, every routed token is computed once: tokens × k rows in all, the FLOPs of exactly
         # k·tokens/experts slots per expert, i.e. capacity factor 1 (at balanced routing; a capacity-padded
         # MoE at the flavor's 1.25 would plan a quarter more expert work than MaxText runs).
@@ -286,8 +293,8 @@ def _settings(
         defaulted.add("model.capacity_factor")
         warnings.append(
             "MaxText's dropless sparse_matmul MoE is planned as capacity factor 1 (each routed token computed "
-            "once: its expert FLOPs at balanced routing; the grouped-matmul kernels themselves are not modelled; "
-            "set capacity_factor=… to choose another)"
+            "once: its expert FLOPs at balanced routing, priced as the grouped-matmul kernel; set "
+            "capacity_factor=… to choose another)"
         )
     return settings, warnings, defaulted
 
@@ -333,6 +340,9 @@ _MODEL_KEYS: dict[str, Any] = {
     "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
     "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
     "shard_mode": lambda v: {"shard_mode": v},
+    # The expert matmuls' kernel: set from sparse_matmul in `_settings` (megablox only picks its TPU kernel).
+    "sparse_matmul": lambda v: {},
+    "megablox": lambda v: {},
 }
 # Keys whose base.yml default applies when the command line does not give them (how the step runs).
 _RUN_DEFAULTS = ("attention", "dtype", "remat_policy")
@@ -358,8 +368,6 @@ _SAME_AS_PLANNED: dict[str, Any] = {
     "opt_type": "adamw",
     "scan_layers": True,
     "param_scan_axis": 1,
-    "sparse_matmul": False,
-    "megablox": False,
     "decoder_layer_input": "device",
     "enable_dropout": False,
     "gradient_accumulation_steps": 1,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reference_models import DecoderConfig
-from reference_models.config import ATTENTION_KERNELS, REMAT_LOCATIONS, REMAT_POLICIES
+from reference_models.config import ATTENTION_KERNELS, EXPERT_MATMULS, REMAT_LOCATIONS, REMAT_POLICIES
 from shardscope.errors import ShardscopeError
 
 # Activation dtypes, with the short names people type.
@@ -80,6 +80,12 @@ def _attention_kernel(text: str) -> str:
     return text
 
 
+def _expert_matmul(text: str) -> str:
+    if text not in EXPERT_MATMULS:
+        raise ValueError(f"expected one of {', '.join(EXPERT_MATMULS)}")
+    return text
+
+
 MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "seq_len": lambda text: _whole(text, 1, "a positive integer (tokens per sequence)"),
     "global_batch": lambda text: _whole(text, 0, "a whole number of sequences (0: per_device_batch × devices)"),
@@ -92,6 +98,7 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "remat": _remat,
     "remat_custom": _remat_custom,
     "attention_kernel": _attention_kernel,
+    "expert_matmul": _expert_matmul,
     "attention_block": lambda text: _whole(text, 1, "a positive integer (query rows per block)"),
 }
 MODEL_SETTABLE = tuple(MODEL_FIELDS)

@@ -57,6 +57,15 @@ def price_row(
     return RowTime(one.seconds(efficiency) * row.count * row.loop_trips, one.latency, one.transfer)
 
 
+def expert_width(plan: Plan) -> int:
+    """The hidden width of the plan's routed experts (the last dimension of a `wi_0` with an expert
+    dimension); 0 without experts."""
+    for path, record in plan.tensors:
+        if record.kind == "param" and path.endswith("/wi_0") and "exp" in (record.logical or ()):
+            return record.shape[-1]
+    return 0
+
+
 def price_cross_slice(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency: float) -> RowTime:
     """The DCN part of a cross-slice row: the per-slice program already does its part inside the slice,
     so only 1/n of the buffer (n = the axis's devices within a slice) crosses, per device."""
@@ -138,9 +147,10 @@ def estimate_plan(
     by_axes, by_op, by_pass = _totals(pairs)
     compute = compute_time(hardware, flops, bytes_accessed)
     communication = sum(t.seconds for _, t in pairs if t.seconds is not None)
-    expected, method = _expected(compute, communication, work, pairs, hardware, cpu_program)
+    width = expert_width(plan)
+    expected, method = _expected(compute, communication, work, pairs, hardware, cpu_program, width)
     if work:
-        compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware, cpu_program))
+        compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware, cpu_program, width))
     return Estimate(
         hardware=hardware.name,
         slice_shape=layout.slice_shape,
@@ -171,9 +181,10 @@ def _expected(
     pairs: Sequence[tuple[CollectiveRow, RowTime]],
     hardware: Hardware,
     cpu_program: bool,
+    width: int,
 ) -> tuple[float | None, str | None]:
     if work:
-        return expected_step(work, pairs, hardware, cpu_program), PER_OP
+        return expected_step(work, pairs, hardware, cpu_program, width), PER_OP
     if compute.flops is None:
         return None, None
     calibrated = max(compute.flops_seconds / hardware.mxu_efficiency, compute.memory_seconds / hardware.hbm_efficiency)

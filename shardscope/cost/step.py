@@ -34,14 +34,18 @@ from shardscope.plan.records import CollectiveRow
 Region = int | None  # executions per step (None: a collective row whose loop trips are unknown)
 
 
-def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False) -> float:
+def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, expert_width: int = 0) -> float:
     """Device time of one bin's ops (host transfers excluded: they are transfers, see `host_seconds`).
+
+    `expert_width`: the hidden width of the experts a `grouped` bin multiplies (`Hardware.grouped_efficiency`).
 
     `cpu_program`: the ops are a CPU compile's, priced as the TPU would run them: XLA's CPU compiler fuses
     less than the TPU's and runs a bfloat16 program's elementwise work in float32, so ops without matrix
     work touch more bytes there; they count at the table's `cpu_memory_bytes_factor` (fitted to TPU
     compiles of the same cases by benchmarks/calibrate.py)."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
+    if entry.kind == "grouped":
+        flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)
     if entry.kind == "kernel":
         return entry.flops / (hardware.flops_per_device * (hardware.kernel_efficiency or hardware.mxu_efficiency))
     if entry.kind == "host":
@@ -58,9 +62,11 @@ def host_seconds(entry: WorkBin, hardware: Hardware) -> float:
     return entry.bytes / bandwidth
 
 
-def per_op_compute(work: Iterable[WorkBin], hardware: Hardware, cpu_program: bool = False) -> float:
+def per_op_compute(
+    work: Iterable[WorkBin], hardware: Hardware, cpu_program: bool = False, expert_width: int = 0
+) -> float:
     """The step's compute time, op by op."""
-    return sum(bin_seconds(entry, hardware, cpu_program) for entry in work)
+    return sum(bin_seconds(entry, hardware, cpu_program, expert_width) for entry in work)
 
 
 def expected_step(
@@ -68,6 +74,7 @@ def expected_step(
     rows: Iterable[tuple[CollectiveRow, RowTime]],
     hardware: Hardware,
     cpu_program: bool = False,
+    expert_width: int = 0,
 ) -> float:
     """Σ over regions of max(compute, collectives + host transfers) (see the module doc). Rows without a
     time (unpriced) add nothing, as in the bounds."""
@@ -79,7 +86,7 @@ def expected_step(
     for entry in work:
         region = entry.region or entry.executions
         region_of[entry.executions] = max(region_of.get(entry.executions, 0), region)
-        compute[region] += bin_seconds(entry, hardware, cpu_program)
+        compute[region] += bin_seconds(entry, hardware, cpu_program, expert_width)
         transfers[region] += host_seconds(entry, hardware)
     for row, time in rows:
         if time.seconds is None:

@@ -12,6 +12,8 @@ Kinds:
 - `matmul`: an op with matrix-unit work (a dot, a convolution, or a fusion containing one).
 - `memory`: an op with none (elementwise fusions, copies, slices, reductions): bytes only. Vector-unit
   FLOPs are not counted: on TPU such ops are bound by HBM traffic.
+- `grouped`: an op whose matrix work is the experts' of a dropless MoE run as a grouped-matmul kernel (its
+  dot inside `GROUPED_SCOPE`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
 - `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
   ops without a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
   each block's scores on chip where the stand-in writes them to HBM.
@@ -36,10 +38,11 @@ from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Mod
 from shardscope.hlo.shapes import shape_info
 from shardscope.hlo.work import NO_ACCESS, fused_computations, fusion_bytes, instruction_bytes, instruction_flops
 
-__all__ = ["KERNEL_SCOPE", "KINDS", "WorkBin", "work_profile"]
+__all__ = ["GROUPED_SCOPE", "KERNEL_SCOPE", "KINDS", "WorkBin", "work_profile"]
 
 KERNEL_SCOPE = "flash_attention"  # the reference models' named scope around the attention kernel stand-in
-KINDS = ("matmul", "memory", "kernel", "host")
+GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when they run grouped
+KINDS = ("matmul", "grouped", "memory", "kernel", "host")
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
@@ -114,6 +117,20 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
     return total
 
 
+def _grouped(program: Program, instruction: Instruction) -> bool:
+    """Whether the op's matrix work is the grouped experts': its own name, or a dot it fuses, in the scope."""
+    if GROUPED_SCOPE in _op_name(instruction):
+        return True
+    if instruction.opcode != "fusion":
+        return False
+    for attribute, callee in instruction.callees():
+        if attribute == "calls":
+            for inner in program.instructions(callee):
+                if (inner.opcode in _MATRIX_OPS or inner.opcode == "fusion") and _grouped(program, inner):
+                    return True
+    return False
+
+
 def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
     """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
     compiler added around them without a name of their own (the CPU compiler's layout copies and
@@ -156,7 +173,9 @@ def _classify(
         nbytes = fusion_bytes(program, instruction, operand_shapes)
     else:
         nbytes = instruction_bytes(instruction, operand_shapes)
-    return ("matmul" if flops else "memory"), flops, nbytes
+    if not flops:
+        return "memory", 0, nbytes
+    return ("grouped" if _grouped(program, instruction) else "matmul"), flops, nbytes
 
 
 def _scatter_loops(program: Program, runs: Mapping[str, int | None]) -> tuple[dict[str, int], set[str]]:

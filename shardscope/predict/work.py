@@ -222,10 +222,15 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     found = placement or placement_of(plan)
     case, every, tokens, micro = found.case, found.weights, found.tokens, found.micro_tokens
     saved = kept_outputs(case)
-    matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in every if not _is_vector(w)]
+    # The experts' matmuls run as the grouped-matmul kernel where the case says so (config.expert_matmul).
+    grouped = case is not None and case.model.expert_matmul == "grouped"
+    matrices = [w for w in every if not _is_vector(w)]
+    experts = [w for w in matrices if grouped and w.is_expert]
+    matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
     matmuls += _attention_uses(plan, every, case, tokens, micro, "context" in saved)
+    kernel = [_weight_use(plan, w, case, tokens, micro, saved) for w in experts]
     elementwise = _elementwise(plan, every, case, tokens, micro) + _dispatch(plan, every, case, tokens, micro)
-    bins = _bins(matmuls, "matmul", remat) + _bins(elementwise, "memory", remat)
+    bins = _bins(matmuls, "matmul", remat) + _bins(kernel, "grouped", remat) + _bins(elementwise, "memory", remat)
     bins.append(WorkBin("memory", "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
     return tuple(sorted(bins, key=lambda entry: entry.key))
 
