@@ -257,12 +257,33 @@ def table(found: list[Row], markdown: bool) -> str:
     else:
         widths = [max(len(str(x)) for x in column) for column in zip(header, *lines, strict=True)]
         out = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)) for line in [header, *lines]]
+    bullet = "- " if markdown else ""
     for route in ROUTES:
         for label, pick in (("fitted (dense)", True), ("validation", False)):
             errors = [e for r in found if r.fitted == pick and (e := r.error(route)) is not None]
-            bullet = "- " if markdown else ""
             out.append(f"{bullet}{route.upper()} route, {label}: MAPE {mape(errors)} over {len(errors)} runs")
+        moe = [r for r in found if r.run.get("kind") == "moe" and r.error(route) is not None]
+        errors = [r.error(route) for r in moe]
+        worst = max((abs(e) for e in errors), default=0.0)
+        out.append(
+            f"{bullet}{route.upper()} route, MoE runs: MAPE {mape(errors)} over {len(errors)} runs, "
+            f"worst {100 * worst:.1f}%; {order(moe, route)}"
+        )
     return "\n".join(out)
+
+
+def order(rows: list[Row], route: str) -> str:
+    """How many pairs of runs the expected steps order as the measured ones do (ties in either count as
+    ordered; pairs measured within 2% of each other are left out as too close to call)."""
+    kept = agreed = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            if a.measured is None or b.measured is None or abs(a.measured / b.measured - 1) < 0.02:
+                continue
+            kept += 1
+            mine = (a.expected[route] or 0) - (b.expected[route] or 0)
+            agreed += mine == 0 or (mine > 0) == (a.measured > b.measured)
+    return f"published order kept in {agreed} of {kept} pairs (pairs within 2% left out)"
 
 
 def _gb(value: float | None) -> str:
