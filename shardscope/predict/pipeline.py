@@ -77,12 +77,15 @@ def pipeline_collectives(
     # A device's tokens with the stage split undone: what the edge gathers and the output sum adds.
     edge = (tokens * math.prod(sizes[a] for a in stages), model.embed_dim)
     cause = Cause(tensors=(), consumer=f"{module}/pipeline_edge", line=None, rules=())
+    explicit = plan.case.axis_types == EXPLICIT
+    # With Explicit axes the outputs leave the shard_map whole over the closed axes, and are summed so.
+    outputs = (case.global_batch * model.seq_len, model.embed_dim) if explicit else edge
     rows += [
         _row("all-gather", stages, edge, dtype, "forward", module, cause),
-        _row("all-reduce", stages, edge, dtype, "forward", module, cause),
+        _row("all-reduce", stages, outputs, dtype, "forward", module, cause),
         _row("all-reduce", stages, edge, dtype, "backward", module, cause),
     ]
-    if plan.case.axis_types != EXPLICIT:
+    if not explicit:
         return tuple(rows)
     rows.append(_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
     closed = in_mesh_order(plan, set(batch) - set(stages))
