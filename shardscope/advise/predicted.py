@@ -15,7 +15,7 @@ from shardscope.advise.prune import Target
 from shardscope.advise.rank import PREDICTED, Ranked, ranked_of
 from shardscope.advise.space import Candidate
 from shardscope.advise.template import Template, placed_plan
-from shardscope.case.resolve import resolve_case
+from shardscope.case.resolve import Case, resolve_case
 from shardscope.cost.price import price_plan
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
@@ -24,10 +24,18 @@ from shardscope.predict import predicted_plan
 
 
 def predicted_candidate_plan(
-    candidate: Candidate, template: Template, model: str, topology: str, overrides: Mapping[str, str], target: Target
+    candidate: Candidate,
+    template: Template,
+    model: str,
+    topology: str,
+    overrides: Mapping[str, str],
+    target: Target,
+    case: Case | None = None,
 ) -> Plan:
-    """The candidate's predicted plan, priced on the target (raises ShardscopeError where `dump` would)."""
-    case = resolve_case(model, candidate.preset, topology, dict(candidate.mesh), overrides)
+    """The candidate's predicted plan, priced on the target (raises ShardscopeError where `dump` would;
+    `case`: the candidate's, when screening resolved it already)."""
+    if case is None:
+        case = resolve_case(model, candidate.preset, topology, dict(candidate.mesh), overrides)
     # Placed with the activations even under a pipeline: the work model reads their per-device shapes
     # (attention, the MoE's tokens) and scales them to a microbatch itself.
     placed = template.place(case.mesh, pipelined=False)
@@ -55,10 +63,16 @@ def to_confirm(entries: Sequence[Ranked], confirm: int, margin: float) -> frozen
 
 
 def safe_prediction(
-    candidate: Candidate, template: Template, model: str, topology: str, overrides: Mapping[str, str], target: Target
+    candidate: Candidate,
+    template: Template,
+    model: str,
+    topology: str,
+    overrides: Mapping[str, str],
+    target: Target,
+    case: Case | None = None,
 ) -> Plan | str:
     """The priced predicted plan, or the one-line reason it could not be made."""
     try:
-        return predicted_candidate_plan(candidate, template, model, topology, overrides, target)
+        return predicted_candidate_plan(candidate, template, model, topology, overrides, target, case)
     except ShardscopeError as err:
         return str(err)

@@ -46,6 +46,7 @@ class Screening:
     reason: str = ""
     memory_bound: int | None = None  # bytes per device (None: not reached)
     program: str = UNKNOWN  # its program key (`advise.programs`); UNKNOWN for an invalid candidate
+    case: Case | None = None  # the candidate's case, resolved (None for an invalid candidate)
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,14 @@ def screen(
     # Keyed whatever the verdict: an exhaustive search compiles the pruned candidates too.
     program = program_key(case, template, placed)
     if placed.indivisible:
-        return Screening(candidate, INDIVISIBLE, placed.indivisible[0], program=program)
+        return Screening(candidate, INDIVISIBLE, placed.indivisible[0], program=program, case=case)
     bound = memory_bound(case, template, placed, target)
     capacity = target.hardware.hbm_bytes_per_device
     if bound > capacity:
         what = "arguments alone" if target.exact_memory else "the tensors' estimate"
         reason = f"needs at least {human_bytes(bound)} per device ({what}), over {human_bytes(capacity)}"
-        return Screening(candidate, MEMORY, reason, bound, program)
-    return Screening(candidate, COMPILE, "", bound, program)
+        return Screening(candidate, MEMORY, reason, bound, program, case)
+    return Screening(candidate, COMPILE, "", bound, program, case)
 
 
 def memory_bound(case: Case, template: Template, placed, target: Target) -> int:

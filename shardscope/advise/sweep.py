@@ -245,9 +245,8 @@ def _predict(
         if screening.verdict != COMPILE:
             continue
         candidate = screening.candidate
-        plan = safe_prediction(
-            candidate, templates[candidate.preset], request.model, request.topology, overrides, target
-        )
+        template = templates[candidate.preset]
+        plan = safe_prediction(candidate, template, request.model, request.topology, overrides, target, screening.case)
         if isinstance(plan, str):
             continue  # the compile would refuse it too: screening's own checks passed, pricing did not
         found[candidate.index] = predicted_entry(plan, candidate, reproduce_command(request, candidate, hardware))
