@@ -11,7 +11,8 @@ Sections (all by default):
   sweep     A search compiled in full (`advise` compiling every candidate screening passes; compiles are
             cached, so a second run takes seconds): predicted vs compiled expected step per candidate, their
             Spearman rank correlation, and whether the compiled best is in the predicted top 3.
-            SWEEP=model:topology[:preset,preset] picks it (default deepseek2-16b:cpu-16 on v5p).
+            SWEEP=model:topology[:preset,preset] picks it (default deepseek2-16b:cpu-16:ep-as-cp,ep-tp,pure-fsdp
+            on v5p: 43 candidates; without presets every built-in one is searched, hundreds of compiles).
 Prints numbers; asserts nothing.
 """
 
@@ -36,6 +37,7 @@ from shardscope.predict import predicted_plan
 from shardscope.predict.measure import axes_errors, covered_share, gather_matches, tensors_only
 
 PLANS = Path(__file__).resolve().parent / "plans"
+DEFAULT_SWEEP = "deepseek2-16b:cpu-16:ep-as-cp,ep-tp,pure-fsdp"
 _GENERATION = re.compile(r"_(v5p|v6e|tpu7x)-")
 
 
@@ -146,7 +148,7 @@ def main(sections: list[str]) -> None:
     if "runs" in chosen:
         runs()
     if "sweep" in chosen:
-        sweep(os.environ.get("SWEEP", "deepseek2-16b:cpu-16"))
+        sweep(os.environ.get("SWEEP", DEFAULT_SWEEP))
 
 
 if __name__ == "__main__":
