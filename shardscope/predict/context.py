@@ -1,9 +1,10 @@
 """Context parallelism's attention collectives: the sequence is split, and each query attends to every key.
 
 Over the axes that split the keys' and values' length, each attention block gathers the keys and values
-whole in the forward pass, and again in the remat's recompute. In the backward pass the compiled steps move
-the gradients of the split queries, keys and values whole over those axes too (each device's share of the
-score matmuls' transposes needs all of them), rather than reduce-scattering partial sums.
+whole in the forward pass, and again in the remat's recompute. In the backward pass every query's
+contribution to the whole keys' and values' gradients is reduce-scattered back to their shards, and the
+compiled steps also gather the gradients of the split queries, keys and values whole over those axes (each
+device's share of the score matmuls' transposes reads all of them).
 
 Where the block reads its input whole over those axes (the attention's input rules leave the sequence
 unsplit while the residual stream splits it), the input is gathered once per pass as well (forward, the
