@@ -9,38 +9,18 @@ best's: the prediction's error against the compiler (`benchmarks/prediction.py`)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from shardscope.advise.prune import Target
 from shardscope.advise.rank import PREDICTED, Ranked, ranked_of
 from shardscope.advise.space import Candidate
 from shardscope.advise.template import Template, placed_plan
-from shardscope.case.resolve import Case, resolve_case
+from shardscope.case.resolve import Case
 from shardscope.cost.price import price_plan
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
 from shardscope.plan.records import case_record
 from shardscope.predict import predicted_plan
-
-
-def predicted_candidate_plan(
-    candidate: Candidate,
-    template: Template,
-    model: str,
-    topology: str,
-    overrides: Mapping[str, str],
-    target: Target,
-    case: Case | None = None,
-) -> Plan:
-    """The candidate's predicted plan, priced on the target (raises ShardscopeError where `dump` would;
-    `case`: the candidate's, when screening resolved it already)."""
-    if case is None:
-        case = resolve_case(model, candidate.preset, topology, dict(candidate.mesh), overrides)
-    # Placed with the activations even under a pipeline: the work model reads their per-device shapes
-    # (attention, the MoE's tokens) and scales them to a microbatch itself.
-    placed = template.place(case.mesh, pipelined=False)
-    plan = predicted_plan(placed_plan(case_record(case), placed), case=case, causes=False)
-    return price_plan(plan, target.hardware_name, target.efficiency)
 
 
 def predicted_entry(plan: Plan, candidate: Candidate, command: Sequence[str]) -> Ranked:
@@ -62,17 +42,14 @@ def to_confirm(entries: Sequence[Ranked], confirm: int, margin: float) -> frozen
     return frozenset(e.candidate.index for e in chosen)
 
 
-def safe_prediction(
-    candidate: Candidate,
-    template: Template,
-    model: str,
-    topology: str,
-    overrides: Mapping[str, str],
-    target: Target,
-    case: Case | None = None,
-) -> Plan | str:
-    """The priced predicted plan, or the one-line reason it could not be made."""
+def safe_prediction(template: Template, case: Case, target: Target) -> Plan | str:
+    """The candidate's predicted plan (its case as screening resolved it), priced on the target, or the
+    one-line reason it could not be priced."""
+    # Placed with the activations even under a pipeline: the work model reads their per-device shapes
+    # (attention, the MoE's tokens) and scales them to a microbatch itself.
     try:
-        return predicted_candidate_plan(candidate, template, model, topology, overrides, target, case)
+        placed = template.place(case.mesh, pipelined=False)
+        plan = predicted_plan(placed_plan(case_record(case), placed), case=case, causes=False)
+        return price_plan(plan, target.hardware_name, target.efficiency)
     except ShardscopeError as err:
         return str(err)

@@ -239,14 +239,12 @@ def _predict(
 ) -> dict[int, Ranked]:
     """Every candidate screening passed, priced by prediction (milliseconds each: a search that compiles
     them all still shows each prediction beside its compiled figures)."""
-    overrides = dict(request.overrides)
     found: dict[int, Ranked] = {}
     for screening in screenings:
-        if screening.verdict != COMPILE:
+        if screening.verdict != COMPILE or screening.case is None:
             continue
         candidate = screening.candidate
-        template = templates[candidate.preset]
-        plan = safe_prediction(candidate, template, request.model, request.topology, overrides, target, screening.case)
+        plan = safe_prediction(templates[candidate.preset], screening.case, target)
         if isinstance(plan, str):
             continue  # the compile would refuse it too: screening's own checks passed, pricing did not
         found[candidate.index] = predicted_entry(plan, candidate, reproduce_command(request, candidate, hardware))

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
-from shardscope.predict.layout import Weight, in_mesh_order, mesh_sizes, nbytes, stack_of
+from shardscope.predict.layout import Weight, collective_row, in_mesh_order, mesh_sizes, stack_of
 
 _QUERY = "/self_attention/query"
 _GRADIENTS = ("query", "key", "value")
@@ -34,33 +34,6 @@ def _length_axes(plan: Plan, record: TensorRecord) -> tuple[str, ...]:
 def _whole(record: TensorRecord, ways: int) -> tuple[int, ...]:
     """A device's share of the activation with its length gathered `ways` times."""
     return (record.shard_shape[0], record.shard_shape[1] * ways, *record.shard_shape[2:])
-
-
-def _row(
-    module: str,
-    axes: tuple[str, ...],
-    count: int,
-    trips: int,
-    op: str,
-    pass_: str,
-    name: str,
-    dtype: str,
-    shape: tuple[int, ...],
-) -> CollectiveRow:
-    """One collective of an attention block's `name` activation, `count` times per loop trip."""
-    cause = Cause(tensors=(f"activations/{module}/{name}",), consumer=f"{module}/attention", line=None, rules=())
-    return CollectiveRow(
-        op=op,
-        axes=axes,
-        dtype=dtype,
-        shape=shape,
-        bytes=nbytes(shape, dtype),
-        count=count,
-        loop_trips=trips,
-        pass_=pass_,
-        source=module,
-        cause=cause,
-    )
 
 
 def context_attention(
@@ -102,5 +75,9 @@ def context_attention(
             # Read whole: its shard already has the whole length.
             read = inputs.shard_shape
             wanted += [("all-gather", p, _INPUTS, inputs.dtype, read) for p in (*gathers, "backward")]
-        rows += [_row(module, axes, count, trips, *entry) for entry in wanted]
+        for op, pass_, name, dtype, shape in wanted:
+            cause = Cause(
+                tensors=(f"activations/{module}/{name}",), consumer=f"{module}/attention", line=None, rules=()
+            )
+            rows.append(collective_row(op, axes, shape, dtype, pass_, module, cause, count, trips))
     return tuple(rows)

@@ -19,24 +19,21 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import LOOKUP_TABLE_LEAF, in_mesh_order, mesh_sizes, moved_dtype, nbytes
+from shardscope.predict.layout import (
+    LOOKUP_TABLE_LEAF,
+    collective_row,
+    in_mesh_order,
+    mesh_sizes,
+    moved_dtype,
+    nbytes,
+)
 
 _IDS_DTYPE = "int32"
+_SOURCE = "token_embedder"
 
 
 def _row(op: str, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, cause: Cause) -> CollectiveRow:
-    return CollectiveRow(
-        op=op,
-        axes=axes,
-        dtype=dtype,
-        shape=shape,
-        bytes=nbytes(shape, dtype),
-        count=1,
-        loop_trips=1,
-        pass_=pass_,
-        source="token_embedder",
-        cause=cause,
-    )
+    return collective_row(op, axes, shape, dtype, pass_, _SOURCE, cause)
 
 
 def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[str, ...]) -> tuple[CollectiveRow, ...]:

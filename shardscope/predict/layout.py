@@ -272,6 +272,34 @@ def placement_of(plan: Plan, case: Case | None = None) -> Placement:
     return Placement(case, batch, every, tokens, microbatch_tokens(case, tokens, mesh_sizes(plan), batch))
 
 
+def collective_row(
+    op: str,
+    axes: tuple[str, ...],
+    shape: tuple[int, ...],
+    dtype: str,
+    pass_: str,
+    source: str,
+    cause: Cause,
+    count: int = 1,
+    trips: int = 1,
+    shift: int | None = None,
+) -> CollectiveRow:
+    """A predicted collective moving `shape` in `dtype`, `count` times per loop trip (once per step by default)."""
+    return CollectiveRow(
+        op=op,
+        axes=axes,
+        dtype=dtype,
+        shape=shape,
+        bytes=nbytes(shape, dtype),
+        count=count,
+        loop_trips=trips,
+        pass_=pass_,
+        source=source,
+        cause=cause,
+        shift=shift,
+    )
+
+
 def layer_row(
     op: str,
     weight: Weight,
@@ -285,15 +313,5 @@ def layer_row(
 ) -> CollectiveRow:
     """A collective that runs `count` times in each layer of the weight's stack (each loop trip runs
     `per_trip` layers), moving `shape` in `dtype`."""
-    return CollectiveRow(
-        op=op,
-        axes=axes,
-        dtype=dtype,
-        shape=shape,
-        bytes=nbytes(shape, dtype),
-        count=count * weight.per_trip,
-        loop_trips=weight.loop_trips,
-        pass_=pass_,
-        source=weight.module if source is None else source,
-        cause=cause,
-    )
+    module = weight.module if source is None else source
+    return collective_row(op, axes, shape, dtype, pass_, module, cause, count * weight.per_trip, weight.loop_trips)

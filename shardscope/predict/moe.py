@@ -9,15 +9,43 @@ a device's tokens (dropless, every local token, without one: the tiny models).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
 from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row
 from shardscope.predict.rules import rules_on
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One MoE block (the module holding expert weights) as the prediction reads it."""
+
+    module: str
+    weight: Weight  # one of its expert weights (its stack and kept axes)
+    inputs_path: str
+    inputs: TensorRecord  # the tokens entering the block
+    split_tokens: frozenset[str]  # the axes that split them (any token dimension)
+    local_tokens: int  # a device's tokens
+
+
+def _blocks(plan: Plan, experts: tuple[Weight, ...]) -> list[_Block]:
+    """Each MoE block with its recorded inputs, in module order."""
+    found = []
+    for module in sorted({w.module for w in experts}):
+        inputs_path = f"activations/{module}/inputs"
+        inputs = plan.tensor_map.get(inputs_path)
+        if inputs is None:
+            continue
+        weight = next(w for w in experts if w.module == module)
+        split = frozenset(axis for entry in inputs.spec[:-1] for axis in entry_axes(entry))
+        found.append(_Block(module, weight, inputs_path, inputs, split, math.prod(inputs.shard_shape[:-1])))
+    return found
 
 
 def moe_exchanges(
@@ -31,23 +59,17 @@ def moe_exchanges(
     """The all-to-alls of each MoE block (the module holding expert weights), per pass. `operand`: the dtype
     a matmul operand moves as: the tokens sent to the experts (and the remat's resend) feed the experts'
     matmuls, the outputs coming back and the gradients are their results."""
-    tensors = plan.tensor_map
     rows: list[CollectiveRow] = []
-    for module in sorted({w.module for w in experts}):
-        weight = next(w for w in experts if w.module == module)
-        inputs_path = f"activations/{module}/inputs"
-        inputs = tensors.get(inputs_path)
-        if inputs is None or weight.record.logical is None:
+    for block in _blocks(plan, experts):
+        module, weight, inputs_path, inputs = block.module, block.weight, block.inputs_path, block.inputs
+        if weight.record.logical is None:
             continue
-        # Tokens travel over the axes that split both the experts and the tokens (any token dimension).
-        split_tokens = {axis for entry in inputs.spec[:-1] for axis in entry_axes(entry)}
-        exchange = in_mesh_order(plan, set(weight.kept_axes) & split_tokens)
+        # Tokens travel over the axes that split both the experts and the tokens.
+        exchange = in_mesh_order(plan, set(weight.kept_axes) & block.split_tokens)
         if not exchange:
             continue  # experts not split, or split on axes that do not split the tokens: no exchange
         num_experts = weight.record.shape[weight.record.logical.index("exp")]
-        local_tokens = 1
-        for size in inputs.shard_shape[:-1]:
-            local_tokens *= size
+        local_tokens = block.local_tokens
         slots = (num_experts, capacity(local_tokens, case), inputs.shape[-1])
         cause = Cause(
             tensors=(inputs_path,),
@@ -70,21 +92,13 @@ def expert_token_sums(plan: Plan, experts: tuple[Weight, ...], case: Case | None
     combined output [tokens, embed] is added over those axes in the forward pass; the backward pass adds the
     tokens' gradients, one per (token, choice), over them (the shard_map's replicated input). The remat
     keeps the forward sum's output, as the compiled steps show (no recomputed sum)."""
-    tensors = plan.tensor_map
     rows: list[CollectiveRow] = []
-    for module in sorted({w.module for w in experts}):
-        weight = next(w for w in experts if w.module == module)
-        inputs_path = f"activations/{module}/inputs"
-        inputs = tensors.get(inputs_path)
-        if inputs is None:
-            continue
-        split_tokens = {axis for entry in inputs.spec[:-1] for axis in entry_axes(entry)}
-        axes = in_mesh_order(plan, set(weight.kept_axes) - split_tokens)
+    for block in _blocks(plan, experts):
+        module, weight, inputs_path, inputs = block.module, block.weight, block.inputs_path, block.inputs
+        axes = in_mesh_order(plan, set(weight.kept_axes) - block.split_tokens)
         if not axes:
             continue
-        local_tokens = 1
-        for size in inputs.shard_shape[:-1]:
-            local_tokens *= size
+        local_tokens = block.local_tokens
         choices = case.model.num_experts_per_token if case is not None and case.model.num_experts else 1
         cause = Cause(tensors=(inputs_path,), consumer=f"{module}/psum", line=None, rules=())
         for pass_, tokens in (("forward", local_tokens), ("backward", local_tokens * choices)):

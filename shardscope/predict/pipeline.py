@@ -22,27 +22,9 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import Weight, in_mesh_order, is_stack_dim, mesh_sizes, nbytes
+from shardscope.predict.layout import Weight, collective_row, in_mesh_order, is_stack_dim, mesh_sizes
 
 EXPLICIT = "explicit"  # a plan's axis_types when its mesh axes are Explicit
-
-
-def _row(
-    op: str, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, source: str, cause: Cause
-) -> CollectiveRow:
-    """A collective that runs once per step."""
-    return CollectiveRow(
-        op=op,
-        axes=axes,
-        dtype=dtype,
-        shape=shape,
-        bytes=nbytes(shape, dtype),
-        count=1,
-        loop_trips=1,
-        pass_=pass_,
-        source=source,
-        cause=cause,
-    )
 
 
 def pipeline_collectives(
@@ -58,21 +40,11 @@ def pipeline_collectives(
     sizes = mesh_sizes(plan)
     dtype = model.dtype
     module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
+    send = Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=())
+    micro = (micro_tokens, model.embed_dim)
     rows = [
-        CollectiveRow(
-            op="collective-permute",
-            axes=stages,
-            dtype=dtype,
-            shape=(micro_tokens, model.embed_dim),
-            bytes=nbytes((micro_tokens, model.embed_dim), dtype),
-            count=1,
-            loop_trips=staged.loop_trips,
-            pass_=pass_,
-            source=module,
-            cause=Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=()),
-            shift=1,
-        )
-        for pass_ in ("forward", "backward")
+        collective_row("collective-permute", stages, micro, dtype, p, module, send, trips=staged.loop_trips, shift=1)
+        for p in ("forward", "backward")
     ]
     # A device's tokens with the stage split undone: what the edge gathers and the output sum adds.
     edge = (tokens * math.prod(sizes[a] for a in stages), model.embed_dim)
@@ -81,13 +53,13 @@ def pipeline_collectives(
     # With Explicit axes the outputs leave the shard_map whole over the closed axes, and are summed so.
     outputs = (case.global_batch * model.seq_len, model.embed_dim) if explicit else edge
     rows += [
-        _row("all-gather", stages, edge, dtype, "forward", module, cause),
-        _row("all-reduce", stages, outputs, dtype, "forward", module, cause),
-        _row("all-reduce", stages, edge, dtype, "backward", module, cause),
+        collective_row("all-gather", stages, edge, dtype, "forward", module, cause),
+        collective_row("all-reduce", stages, outputs, dtype, "forward", module, cause),
+        collective_row("all-reduce", stages, edge, dtype, "backward", module, cause),
     ]
     if not explicit:
         return tuple(rows)
-    rows.append(_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
+    rows.append(collective_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
     closed = in_mesh_order(plan, set(batch) - set(stages))
     if closed:
         # The microbatches, the outputs buffer, and the outputs the remat keeps of every saved step (one per
@@ -96,7 +68,7 @@ def pipeline_collectives(
         whole = (case.global_batch * model.seq_len, model.embed_dim)
         for pass_, copies in (("forward", 2 + saved), ("backward", 2)):
             shape = (copies * whole[0], whole[1])
-            rows.append(_row("all-gather", closed, shape, dtype, pass_, module, cause))
+            rows.append(collective_row("all-gather", closed, shape, dtype, pass_, module, cause))
     for weight in every:
         if weight.stack_axes:
             rows += _weight_edge(plan, weight, sizes)
@@ -119,5 +91,5 @@ def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int]) -> list[Coll
             continue
         shape[dim] *= math.prod(sizes[a] for a in axes)
         for pass_ in ("forward", "backward"):
-            rows.append(_row("all-gather", axes, tuple(shape), record.dtype, pass_, weight.module, cause))
+            rows.append(collective_row("all-gather", axes, tuple(shape), record.dtype, pass_, weight.module, cause))
     return rows
