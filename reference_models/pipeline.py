@@ -117,10 +117,16 @@ def run_pipeline(
         micro = micro.astype(jnp.float32)
 
     def chosen_layer(blocks, use_previous, hidden):
-        # A circular schedule's step runs the previous or the current visit's layers (`use_previous`); they
-        # are picked here so that a rematerialised layer picks them again in the backward pass instead of
+        # A circular schedule's step runs the previous or the current visit's layers (`use_previous`), or
+        # the layers of visit `use_previous` of all of them (an integer: `_circular_indexed`); they are
+        # picked here so that a rematerialised layer picks them again in the backward pass instead of
         # keeping the pick of every step.
-        params = blocks if use_previous is None else jax.tree.map(partial(jax.lax.select, use_previous), *blocks)
+        if use_previous is None:
+            params = blocks
+        elif jnp.issubdtype(use_previous.dtype, jnp.integer):
+            params = jax.tree.map(lambda b, g: _pick_visit(b, use_previous) if g else b[use_previous], blocks, gathered)
+        else:
+            params = jax.tree.map(partial(jax.lax.select, use_previous), *blocks)
         return apply_layer(params, hidden)
 
     run_layer = chosen_layer
@@ -132,8 +138,10 @@ def run_pipeline(
 
     def stage_layers(blocks, use_previous, hidden):
         """One visit's layers in order: `blocks` holds their stacked params (a circular schedule's step: the
-        previous and the current visit's, of which `use_previous` picks)."""
-        stacked = jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis, 0), blocks)
+        previous and the current visit's, of which `use_previous` picks, or every visit's, ahead of the
+        layers dimension, of which `use_previous` is the index)."""
+        indexed = use_previous is not None and jnp.issubdtype(use_previous.dtype, jnp.integer)
+        stacked = jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis + indexed, 0), blocks)
 
         def one_layer(h, layer):
             return run_layer(layer, use_previous, h), None
@@ -175,8 +183,18 @@ def run_pipeline(
             steps = jnp.arange(count + stages - 1)
             carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, params), None), carry, steps)
         else:
-            carry = _circular(iteration, carry, params, stage)
+            circular = _circular_indexed if context.explicit else _circular
+            carry = circular(iteration, carry, params, stage)
         return carry[1][None]
+
+    def _visit_blocks(params):
+        """A stage's layers as [repeats, per_visit, ...] blocks: block r is what the stage runs on visit r."""
+        return jax.tree.map(
+            lambda p: jnp.moveaxis(
+                p.reshape(*p.shape[:layer_axis], repeats, per_visit, *p.shape[layer_axis + 1 :]), layer_axis, 0
+            ),
+            params,
+        )
 
     def _circular(iteration, carry, params, stage):
         """The circular schedule's `count · repeats + stages - 1` steps, as rounds of `count` steps.
@@ -186,12 +204,7 @@ def run_pipeline(
         previous one rides along, so each step's layers are picked between two blocks: the gradient of a
         block gathers in a block-sized buffer (a block picked out of all of a stage's layers at a traced
         index would have its gradient added into a buffer of all of them at every step)."""
-        blocks = jax.tree.map(
-            lambda p: jnp.moveaxis(
-                p.reshape(*p.shape[:layer_axis], repeats, per_visit, *p.shape[layer_axis + 1 :]), layer_axis, 0
-            ),
-            params,
-        )
+        blocks = _visit_blocks(params)
 
         def one_round(round_carry, round_input):
             carry, previous = round_carry
@@ -211,6 +224,21 @@ def run_pipeline(
         carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, last_block), None), carry, drain)
         return carry
 
+    def _circular_indexed(iteration, carry, params, stage):
+        """The circular schedule as MaxText's pipeline runs it with Explicit mesh axes: each step picks its
+        visit's block out of all of the stage's layers at a traced index (see `_pick_visit` for what that
+        costs the gradient)."""
+        blocks = _visit_blocks(params)
+
+        def one_step(c, step):
+            return iteration(c, step, blocks, jnp.clip((step - stage) // count, 0, repeats - 1)), None
+
+        carry, _ = jax.lax.scan(one_step, carry, jnp.arange(count * repeats + stages - 1))
+        return carry
+
+    # Which parameters enter the stages split over other axes than the stage axis (gathered at the boundary).
+    gathered = jax.tree.map(lambda p: _split_beyond(p, axis), stacked_params) if context.explicit else None
+
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves
     # for the backward pass get sharded over the already-manual stage axis as well, which the partitioner
     # rejects. Without them every collective transposes as written, so the result leaves per stage
@@ -226,6 +254,40 @@ def run_pipeline(
     # Only the last stage's outputs are non-zero: the sum over stages is an all-reduce over `stage`.
     outputs = jnp.sum(run(stacked_params, micro), axis=0)
     return _from_microbatches(context, outputs, batch_spec)
+
+
+def _split_beyond(array: jax.Array, stage_axis: str) -> bool:
+    """Whether an array's type splits it over a mesh axis (of more than one device) besides the stage axis."""
+    sharding = jax.typeof(array).sharding
+    mesh = sharding.mesh
+    return any(name != stage_axis and mesh.shape[name] > 1 for entry in sharding.spec for name in entry_axes(entry))
+
+
+@jax.custom_vjp
+def _pick_visit(blocks: jax.Array, visit: jax.Array) -> jax.Array:
+    """`blocks[visit]` of weights gathered at the stage boundary, whose gradient is a buffer of all the blocks
+    at every step, as in MaxText's explicit pipeline: it gathers each step's weights with an explicit output
+    sharding, and when the stage's weights are split over other axes too (FSDP) the compiler materialises
+    that gather's transpose (the step's gradient scattered into zeros the size of all of a stage's layers)
+    and adds it, resliced, into the split gradient at every step; weights split over the stage axis alone
+    take the step's gradient in place (`block[visit]`). The barrier keeps the compiler from folding the
+    scatter into the sum here, as it cannot in MaxText's program."""
+    return blocks[visit]
+
+
+def _pick_visit_forward(blocks: jax.Array, visit: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
+    return blocks[visit], (visit, jnp.zeros((0,), blocks.dtype), blocks.shape)
+
+
+def _pick_visit_backward(residuals: tuple[Any, ...], grad: jax.Array) -> tuple[jax.Array, None]:
+    visit, typed, shape = residuals
+    spec = jax.typeof(grad).sharding.spec
+    zeros = jnp.zeros(shape, typed.dtype, out_sharding=PartitionSpec(None, *spec))
+    scattered = zeros.at[visit].set(grad.astype(typed.dtype))
+    return jax.lax.optimization_barrier(scattered), None
+
+
+_pick_visit.defvjp(_pick_visit_forward, _pick_visit_backward)
 
 
 def _on_cpu(context: ShardingContext) -> bool:

@@ -170,3 +170,25 @@ def test_flash_attention_gives_the_single_device_loss(model, compiled_cases, ref
     placed_batch = jax.device_put(batch, step.abstract.batch_shardings)
     _, metrics = step.compiled(placed_state, placed_batch)
     np.testing.assert_allclose(float(metrics["loss"]), float(ref_metrics["loss"]), rtol=LOSS_RTOL)
+
+
+# ZeRO-1 (MaxText's shard_optimizer_over_data): the optimizer state and the stored parameters are split over
+# `data` as well; the step gathers the parameters back and must give the single-device step's numbers.
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+@pytest.mark.parametrize("model", ["llama-tiny", "deepseek-tiny"])
+def test_zero1_step_equals_single_device(model, mode, compile_cached, references):
+    from shardscope.case import resolve_case
+
+    case = resolve_case(
+        model,
+        "default",
+        mesh={"data": 2, "fsdp": 2, "expert": 2},
+        overrides={"shard_optimizer_over": "data", "shard_mode": mode},
+    )
+    step = compile_cached(case)
+    stored = step.abstract.state_shardings
+    split = [s.spec for s in jax.tree.leaves(stored["opt_state"][0].mu)]
+    assert split and all(any("data" in (e if isinstance(e, tuple) else (e,)) for e in spec) for spec in split)
+    assert jax.tree.leaves(stored["params"])[0].spec == split[0]  # parameters stored as the optimizer state
+    state, batch, reference = references(model)
+    assert_same_step(step, state, batch, reference)

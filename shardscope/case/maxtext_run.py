@@ -340,6 +340,7 @@ _MODEL_KEYS: dict[str, Any] = {
     "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
     "use_ring_of_experts": lambda v: {"moe": "ring"} if v else {"moe": "all_to_all"},
     "shard_mode": lambda v: {"shard_mode": v},
+    "shard_optimizer_over_data": lambda v: {"shard_optimizer_over": "data"} if v else {},
     # The expert matmuls' kernel: set from sparse_matmul in `_settings` (megablox only picks its TPU kernel).
     "sparse_matmul": lambda v: {},
     "megablox": lambda v: {},

@@ -2,7 +2,8 @@
 
 A preset file holds the keys of MaxText's `custom_mesh_and_rule` files (`mesh_axes`, `data_sharding`,
 `logical_axis_rules`, `context_sharding`, `input_data_sharding_logical_axes`) plus shardscope's own
-(`description`, `origin`, `mesh`, `moe`, `pipeline`, `shard_mode`). A MaxText rule file loads unchanged; any
+(`description`, `origin`, `mesh`, `moe`, `pipeline`, `shard_mode`, `shard_optimizer_over`). A MaxText rule file
+loads unchanged; any
 other key is an error, because a misspelt key silently ignored is a sharding change nobody reviewed.
 
 Rules are read as MaxText reads them: a rule may name a mesh axis that `mesh_axes` lacks (MaxText's
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 from reference_models.config import PipelineSettings
-from shardscope.case.lints import LINT_IDS
+from shardscope.case.preset_lint import LINT_KEYS, LintSettings, lint_ids, parse_bytes, parse_lint, preset_error
 from shardscope.case.rules import Rule
 from shardscope.errors import PresetError, ShardscopeError, unknown_name
 
@@ -33,24 +34,10 @@ MOE_STRATEGIES = ("all_to_all", "ring")
 SHARD_MODES = ("auto", "explicit")
 _KEYS = "mesh_axes data_sharding logical_axis_rules context_sharding input_data_sharding_logical_axes"
 MAXTEXT_KEYS: tuple[str, ...] = tuple(_KEYS.split())
-OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode", "lint")
+OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode", "shard_optimizer_over", "lint")
 PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats")
 # A preset file's pipeline keys → the fields of the pipeline record.
 _PIPELINE_FIELDS = {"stages_axis": "stage_axis", "microbatches": "microbatches", "repeats": "repeats"}
-LINT_KEYS = ("ignore", "max_replicated_bytes")
-DEFAULT_MAX_REPLICATED_BYTES = 16 * 1024**2
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-
-
-@dataclass(frozen=True, kw_only=True)
-class LintSettings:
-    """What `lint` checks under this preset: lints silenced (wholly, or for subjects containing a text), and
-    thresholds."""
-
-    ignore: tuple[str, ...] = ()
-    # (lint id, text): that lint's findings whose subject contains the text are silenced.
-    ignore_subjects: tuple[tuple[str, str], ...] = ()
-    max_replicated_bytes: int = DEFAULT_MAX_REPLICATED_BYTES  # per device, for `large-replicated`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +60,14 @@ class Preset:
     moe: str = "all_to_all"
     pipeline: PipelineSettings | None = None
     shard_mode: str = "auto"
-    lint: LintSettings = LintSettings()
+    # ZeRO-1 (MaxText's shard_optimizer_over_data): the optimizer state, and the float32 parameters stored
+    # with it, are split over this mesh axis as well; the step gathers the parameters back to their rules'
+    # sharding before the forward pass (`shardscope.stages.state.zero1_spec`).
+    shard_optimizer_over: str | None = None
+    lint: LintSettings = dataclasses.field(default_factory=LintSettings)
 
 
-def _fail(source: str, message: str) -> PresetError:
-    return PresetError(f"preset {source}: {message}")
+_fail = preset_error
 
 
 def _as_axes(value: Any, source: str, where: str) -> tuple[str, ...]:
@@ -130,85 +120,6 @@ def _parse_pipeline(value: Any, source: str) -> PipelineSettings | None:
     if not isinstance(settings.microbatches, int) or settings.microbatches < 1:
         raise _fail(source, f"pipeline.microbatches must be a positive integer, found {settings.microbatches!r}")
     return settings
-
-
-def parse_bytes(value: Any, where: str) -> int:
-    """A byte count: an integer, or a number with a unit ("16 MiB", "1GB").
-
-    Raises:
-      ShardscopeError: anything else, or a negative count.
-    """
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    text = str(value).strip().lower().replace(" ", "")
-    number = text.rstrip("kmgib")
-    unit = text[len(number) :]
-    try:
-        count = float(number) * _BYTE_UNITS[unit]
-    except (ValueError, KeyError):
-        count = -1
-    if count < 0 or isinstance(value, bool):
-        raise ShardscopeError(f"{where}: expected a byte count such as 16777216 or '16 MiB', found {value!r}")
-    return int(count)
-
-
-def _check_lint_id(lint_id: str, source: str, where: str) -> None:
-    if lint_id not in LINT_IDS:
-        raise _fail(source, f"{where}: " + unknown_name("lint", lint_id, LINT_IDS).args[0])
-
-
-def _lint_ids(value: Any, source: str, where: str) -> tuple[str, ...]:
-    """Lint ids to silence (a list, or comma-separated), each checked against the lint catalogue."""
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(source, f"{where} must be a list of lint ids, found {value!r}")
-    for lint_id in value:
-        _check_lint_id(lint_id, source, where)
-    return tuple(dict.fromkeys(value))
-
-
-def _ignore_entries(value: Any, source: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """`lint.ignore`: lint ids, and {id: ..., subject: ...} entries that silence one lint's findings on the
-    subjects containing that text."""
-    if not isinstance(value, list):
-        raise _fail(source, f"lint.ignore must be a list of lint ids, found {value!r}")
-    ids: list[str] = []
-    subjects: list[tuple[str, str]] = []
-    for entry in value:
-        if isinstance(entry, str):
-            _check_lint_id(entry, source, "lint.ignore")
-            ids.append(entry)
-            continue
-        if (
-            not isinstance(entry, dict)
-            or set(entry) != {"id", "subject"}
-            or not all(isinstance(v, str) and v for v in entry.values())
-        ):
-            raise _fail(
-                source,
-                f"lint.ignore entries are lint ids or {{id: ID, subject: TEXT}} (silences the findings of lint ID "
-                f"whose subject contains TEXT), found {entry!r}",
-            )
-        _check_lint_id(entry["id"], source, "lint.ignore")
-        subjects.append((entry["id"], entry["subject"]))
-    return tuple(dict.fromkeys(ids)), tuple(dict.fromkeys(subjects))
-
-
-def _parse_lint(value: Any, source: str) -> LintSettings:
-    if value is None:
-        return LintSettings()
-    if not isinstance(value, dict):
-        raise _fail(source, f"lint must be a mapping with keys {', '.join(LINT_KEYS)}, found {value!r}")
-    unknown = sorted(set(value) - set(LINT_KEYS))
-    if unknown:
-        raise _fail(source, "lint: " + unknown_name("key", str(unknown[0]), LINT_KEYS).args[0])
-    try:
-        limit = parse_bytes(value.get("max_replicated_bytes", DEFAULT_MAX_REPLICATED_BYTES), "max_replicated_bytes")
-    except ShardscopeError as err:
-        raise _fail(source, f"lint.{err}") from None
-    ids, subjects = _ignore_entries(value.get("ignore", []), source)
-    return LintSettings(ignore=ids, ignore_subjects=subjects, max_replicated_bytes=limit)
 
 
 def _choice(value: Any, allowed: tuple[str, ...], source: str, key: str) -> str:
@@ -266,10 +177,19 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
         moe=_choice(data.get("moe", "all_to_all"), MOE_STRATEGIES, source, "moe"),
         pipeline=_parse_pipeline(data.get("pipeline"), source),
         shard_mode=_choice(data.get("shard_mode", "auto"), SHARD_MODES, source, "shard_mode"),
-        lint=_parse_lint(data.get("lint"), source),
+        shard_optimizer_over=_optional_axis(data.get("shard_optimizer_over"), source, "shard_optimizer_over"),
+        lint=parse_lint(data.get("lint"), source),
     )
     _check_axes_exist(preset, source)
     return preset
+
+
+def _optional_axis(value: Any, source: str, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _fail(source, f"{where} must be one mesh axis name, found {value!r}")
+    return value
 
 
 def _inferred_context_axis(rules: tuple[Rule, ...], mesh_axes: tuple[str, ...]) -> str | None:
@@ -318,6 +238,8 @@ def _check_axes_exist(preset: Preset, source: str) -> None:
         mentioned.append((preset.context_sharding, "context_sharding"))
     if preset.pipeline:
         mentioned.append((preset.pipeline.stage_axis, "pipeline.stages_axis"))
+    if preset.shard_optimizer_over:
+        mentioned.append((preset.shard_optimizer_over, "shard_optimizer_over"))
     for axis, where in mentioned:
         if axis not in preset.mesh_axes:
             hint = unknown_name("mesh axis", axis, preset.mesh_axes).args[0]
@@ -392,13 +314,15 @@ PRESET_SETTABLE = (
     "moe",
     "shard_mode",
     "context_sharding",
+    "shard_optimizer_over",
     *(f"pipeline.{k}" for k in PIPELINE_KEYS),
     *(f"lint.{k}" for k in LINT_KEYS),
 )
 
 
 def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Preset:
-    """Applies `--set key=value` overrides that address the preset (moe, shard_mode, pipeline.*)."""
+    """Applies `--set key=value` overrides that address the preset (moe, shard_mode, shard_optimizer_over,
+    pipeline.*)."""
     for key, value in overrides.items():
         if key in ("moe", "shard_mode"):
             allowed = MOE_STRATEGIES if key == "moe" else SHARD_MODES
@@ -406,6 +330,8 @@ def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Pres
             preset = dataclasses.replace(preset, **changes)
         elif key == "context_sharding":
             preset = dataclasses.replace(preset, context_sharding=value or None)
+        elif key == "shard_optimizer_over":
+            preset = dataclasses.replace(preset, shard_optimizer_over=value or None)
         elif key.startswith("pipeline."):
             field = key.removeprefix("pipeline.")
             if field not in PIPELINE_KEYS:
@@ -416,7 +342,7 @@ def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Pres
             preset = dataclasses.replace(preset, pipeline=changed)
         elif key == "lint.ignore":
             # Added to what the preset silences: `--set` widens a file's choice, it does not undo it.
-            ignore = _lint_ids(value, preset.name, f"--set {key}")
+            ignore = lint_ids(value, preset.name, f"--set {key}")
             preset = dataclasses.replace(
                 preset, lint=dataclasses.replace(preset.lint, ignore=tuple(dict.fromkeys(preset.lint.ignore + ignore)))
             )

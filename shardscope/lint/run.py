@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from shardscope.case.hardware import Hardware, load_hardware
 from shardscope.case.lints import COMPILE, LINTS
-from shardscope.case.presets import LintSettings
+from shardscope.case.preset_lint import LintSettings
 from shardscope.case.resolve import Case
 from shardscope.case.rules import Indivisible
 from shardscope.lint.context import LintContext, LogicalAxes

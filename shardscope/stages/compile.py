@@ -149,7 +149,7 @@ def lower_case(case: Case) -> LoweredStep:
     abstract = abstract_state(case, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
     step = jax.jit(
-        make_train_step(case),
+        make_train_step(case, abstract.zero1),
         in_shardings=(abstract.state_shardings, abstract.batch_shardings),
         out_shardings=(abstract.state_shardings, {"loss": replicated}),
         donate_argnums=0,

@@ -35,6 +35,16 @@ class AbstractState:
     state_shardings: Any
     batch_shardings: Any
     logical: dict[TensorPath, tuple[str | None, ...]]  # param / opt_state leaves that have logical axes
+    # ZeRO-1: the parameters' shardings by the rules alone, which the step gathers them to before the forward
+    # pass (their stored shardings, in `state_shardings`, are the optimizer state's); None without ZeRO-1.
+    param_compute_shardings: Any = None
+
+    @property
+    def zero1(self) -> tuple[Any, Any] | None:
+        """ZeRO-1's (rules' shardings, stored shardings) of the parameters, or None (`make_train_step`)."""
+        if self.param_compute_shardings is None:
+            return None
+        return self.param_compute_shardings, self.state_shardings["params"]
 
 
 def path_of(key_path: Sequence[Any]) -> TensorPath:
@@ -82,6 +92,29 @@ def input_spec(case: Case) -> PartitionSpec:
     return PartitionSpec(*physical_spec(case, case.preset.input_data_sharding_logical_axes))
 
 
+def zero1_spec(shape: Sequence[int], spec: Spec, axis: str, sizes: dict[str, int]) -> Spec:
+    """A stored tensor's spec under ZeRO-1 over `axis`, as MaxText's `add_data_to_sharding` makes it: the
+    axis goes first on the first dimension whose shard it divides and that is not split over `tensor`; a
+    tensor already split over the axis, or with no such dimension, keeps its spec."""
+    spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+    if any(axis in _axes_of(entry) for entry in spec):
+        return spec
+    for index, (size, entry) in enumerate(zip(shape, spec, strict=True)):
+        axes = _axes_of(entry)
+        ways = 1
+        for name in axes:
+            ways *= sizes.get(name, 1)
+        if "tensor" not in axes and size % ways == 0 and (size // ways) % sizes[axis] == 0:
+            return (*spec[:index], (axis, *axes), *spec[index + 1 :])
+    return spec
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 @functools.lru_cache(maxsize=16)
 def _abstract_train_state(model_config: DecoderConfig, batch_shape: tuple[int, int]) -> tuple[Any, Any]:
     """(abstract state, logical specs) of a model: shapes only, so one trace serves every preset and mesh."""
@@ -115,6 +148,15 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible]
     state_shardings = jax.tree_util.tree_map_with_path(
         sharding_for, state, logical_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
     )
+    compute_shardings = None
+    over = case.preset.shard_optimizer_over
+    if over is not None and case.mesh_sizes.get(over, 1) > 1:
+        compute_shardings = state_shardings["params"]
+        state_shardings = jax.tree.map(
+            lambda leaf, s: NamedSharding(mesh, PartitionSpec(*zero1_spec(leaf.shape, s.spec, over, case.mesh_sizes))),
+            state,
+            state_shardings,
+        )
     batch_spec = PartitionSpec(*check_divisible("inputs/tokens", batch_shape, tuple(input_spec(case)), case, found))
     batch_shardings = {name: NamedSharding(mesh, batch_spec) for name in ("tokens", "targets")}
     # The shardings ride on the abstract values too: with Explicit axes they are the arrays' types.
@@ -122,4 +164,4 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible]
         lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), state, state_shardings
     )
     batch = {name: jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=s) for name, s in batch_shardings.items()}
-    return AbstractState(placed, batch, state_shardings, batch_shardings, logical)
+    return AbstractState(placed, batch, state_shardings, batch_shardings, logical, compute_shardings)

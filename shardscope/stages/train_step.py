@@ -28,13 +28,28 @@ def make_loss(case: Case):
     return loss_of
 
 
-def make_train_step(case: Case):
-    """Forward, next-token loss, gradients and an AdamW update: the step that gets sharded."""
+def make_train_step(case: Case, zero1: tuple[Any, Any] | None = None):
+    """Forward, next-token loss, gradients and an AdamW update: the step that gets sharded.
+
+    `zero1`: (the parameters' shardings by the rules, their stored shardings). The parameters are stored
+    split like the optimizer state and gathered to the rules' shardings before the forward pass, as
+    MaxText's train step does with shard_optimizer_over_data; the update runs on the stored split (with
+    Explicit axes, where shardings are types, the gradients are split to it first; with Auto axes the
+    compiler places them, as in MaxText's program)."""
     loss_of = make_loss(case)
     optimizer = make_optimizer()
+    explicit = case.preset.shard_mode == "explicit"
+    move = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
+
+    def placed(tree, shardings):
+        return tree if shardings is None else jax.tree.map(move, tree, shardings)
+
+    compute, stored = zero1 if zero1 is not None else (None, None)
 
     def train_step(state, batch):
-        loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
+        loss, grads = jax.value_and_grad(loss_of)(placed(state["params"], compute), batch)
+        if explicit:
+            grads = placed(grads, stored)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt_state": opt_state}, {"loss": loss}
