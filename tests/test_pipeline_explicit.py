@@ -35,3 +35,32 @@ def test_fsdp_split_weights_take_every_visits_gradient_every_step():
 @pytest.mark.parametrize(("mode", "mesh"), [("explicit", STAGE_ONLY), ("auto", FSDP)])
 def test_otherwise_the_gradient_stays_in_place(mode, mesh):
     assert barrier_shapes(mode, mesh) == []
+
+
+def _visit_gradient_bytes(plan_of, mode: str, mesh: dict[str, int]) -> tuple[int, int]:
+    """(bytes the prediction adds for the visit-gradient buffers, 4 passes over each FSDP-split stage weight
+    per step, counted from the plan's tensors)."""
+    from shardscope.predict.layout import placement_of
+    from shardscope.predict.measure import tensors_only
+    from shardscope.predict.work import _visit_gradients
+
+    overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": mode}
+    plan = tensors_only(plan_of(resolve_case("llama-tiny", "explicit-pipeline", mesh=mesh, overrides=overrides)))
+    placement = placement_of(plan)
+    added = sum(entry.bytes for entry in _visit_gradients(plan, placement.weights, placement.case))
+    steps = 2 * REPEATS + 2 - 1
+    split = [
+        record
+        for path, record in plan.tensors
+        if record.kind == "param"
+        and path.startswith("params/decoder/layers/")
+        and any("fsdp" in (e if isinstance(e, tuple) else (e,)) for e in record.spec if e)
+    ]
+    return added, 4 * steps * sum(record.bytes_per_device for record in split)
+
+
+def test_the_prediction_counts_the_visit_gradient_buffers(plan_of):
+    added, expected = _visit_gradient_bytes(plan_of, "explicit", FSDP)
+    assert expected > 0 and added == expected
+    assert _visit_gradient_bytes(plan_of, "explicit", STAGE_ONLY)[0] == 0
+    assert _visit_gradient_bytes(plan_of, "auto", FSDP)[0] == 0

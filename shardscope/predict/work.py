@@ -12,7 +12,9 @@ op, overlapped with the collectives of the same loop body):
 - the backward pass doubles each matmul (the gradients of the input and of the weight), and full remat runs
   the forward pass once more;
 - elementwise work (norms, activations, the residual stream): each recorded activation written and read
-  once per pass, as memory-bound bytes; the optimizer reads and writes the state once per step.
+  once per pass, as memory-bound bytes; the optimizer reads and writes the state once per step;
+- a circular pipeline with Explicit axes adds, per step, passes over the stage's FSDP-split weights
+  (their every-visit gradient buffer, `_visit_gradients`).
 A pipelined stack's loop runs once per iteration (microbatches × repeats + stages − 1: the bubble
 included), each trip one repeat's layers on one microbatch. Everything here is per device.
 """
@@ -232,7 +234,37 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     elementwise = _elementwise(plan, every, case, tokens, micro) + _dispatch(plan, every, case, tokens, micro)
     bins = _bins(matmuls, "matmul", remat) + _bins(kernel, "grouped", remat) + _bins(elementwise, "memory", remat)
     bins.append(WorkBin("memory", "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
+    bins += _visit_gradients(plan, every, case)
     return tuple(sorted(bins, key=lambda entry: entry.key))
+
+
+# HBM passes per pipeline step over a weight's visit-gradient buffer: written (materialised), then read with
+# the gradient it is added into, which is written back.
+_VISIT_GRADIENT_PASSES = 4
+
+
+def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -> list[WorkBin]:
+    """A circular pipeline with Explicit axes whose stage weights are split beyond the stage axis (FSDP):
+    each step's weight gradient is a buffer of every visit's weights, materialised and added into the split
+    gradient (reference_models.pipeline `_pick_visit`): per step, that many passes over each such weight as a
+    device holds it."""
+    pipeline = None if case is None else case.preset.pipeline
+    if case is None or pipeline is None or pipeline.repeats < 2 or case.preset.shard_mode != "explicit":
+        return []
+    sizes = mesh_sizes(plan)
+    bins = []
+    for weight in every:
+        if not weight.stack_axes or weight.per_trip < 1:
+            continue
+        # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
+        split = {axis for entry in weight.record.spec for axis in entry_axes(entry)} - set(weight.stack_axes)
+        if not any(sizes.get(axis, 1) > 1 for axis in split - {case.preset.shard_optimizer_over}):
+            continue
+        nbytes_ = _VISIT_GRADIENT_PASSES * weight.record.bytes_per_device * weight.loop_trips
+        bins.append(
+            WorkBin("memory", "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips)
+        )
+    return bins
 
 
 def _is_vector(weight: Weight) -> bool:
