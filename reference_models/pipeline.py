@@ -202,8 +202,8 @@ def run_pipeline(
         In round r stage s runs its r-th block of layers, except in the round's first s steps, when it
         still finishes its previous visit (block r - 1). The blocks are the rounds' scanned inputs and the
         previous one rides along, so each step's layers are picked between two blocks: the gradient of a
-        block gathers in a block-sized buffer (a block picked out of all of a stage's layers at a traced
-        index would have its gradient added into a buffer of all of them at every step)."""
+        block gathers in a block-sized buffer, as in MaxText's Auto pipeline (its Explicit one picks at a
+        traced index: `_circular_indexed`)."""
         blocks = _visit_blocks(params)
 
         def one_round(round_carry, round_input):
@@ -275,15 +275,16 @@ def _pick_visit(blocks: jax.Array, visit: jax.Array) -> jax.Array:
     return blocks[visit]
 
 
-def _pick_visit_forward(blocks: jax.Array, visit: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
-    return blocks[visit], (visit, jnp.zeros((0,), blocks.dtype), blocks.shape)
+def _pick_visit_forward(blocks: jax.Array, visit: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    # An empty array of the blocks' count and dtype: what the backward pass needs of them, in its static type.
+    return blocks[visit], (visit, jnp.zeros((blocks.shape[0], 0), blocks.dtype))
 
 
-def _pick_visit_backward(residuals: tuple[Any, ...], grad: jax.Array) -> tuple[jax.Array, None]:
-    visit, typed, shape = residuals
+def _pick_visit_backward(residuals: tuple[jax.Array, jax.Array], grad: jax.Array) -> tuple[jax.Array, None]:
+    visit, template = residuals
     spec = jax.typeof(grad).sharding.spec
-    zeros = jnp.zeros(shape, typed.dtype, out_sharding=PartitionSpec(None, *spec))
-    scattered = zeros.at[visit].set(grad.astype(typed.dtype))
+    zeros = jnp.zeros((template.shape[0], *grad.shape), template.dtype, out_sharding=PartitionSpec(None, *spec))
+    scattered = zeros.at[visit].set(grad.astype(template.dtype))
     return jax.lax.optimization_barrier(scattered), None
 
 
