@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import published_runs
+from calibrate import memory_bytes
 
 import shardscope
 from shardscope.cost.price import price_plan
@@ -38,10 +39,6 @@ def maxtext_mesh(plan) -> tuple[tuple[str, int], ...]:
     """MaxText's mesh of the run, in MaxText's axis order, sized as the plan's mesh."""
     sizes = dict(plan.case.mesh)
     return tuple((axis, sizes.get(axis, 1)) for axis in MESH_AXES)
-
-
-def memory_bytes(plan) -> float:
-    return sum(entry.bytes for entry in plan.work if entry.kind == "memory")
 
 
 def main() -> int:

@@ -188,7 +188,11 @@ def test_zero1_step_equals_single_device(model, mode, compile_cached, references
     step = compile_cached(case)
     stored = step.abstract.state_shardings
     split = [s.spec for s in jax.tree.leaves(stored["opt_state"][0].mu)]
-    assert split and all(any("data" in (e if isinstance(e, tuple) else (e,)) for e in spec) for spec in split)
-    assert jax.tree.leaves(stored["params"])[0].spec == split[0]  # parameters stored as the optimizer state
+    # Every stacked weight (three dimensions or more) takes `data` somewhere (norm scales, on `tensor` by
+    # the rules, may keep their spec, as in MaxText); the parameters are stored as their optimizer state.
+    assert split and all(
+        any("data" in (e if isinstance(e, tuple) else (e,)) for e in spec) for spec in split if len(spec) >= 3
+    )
+    assert [s.spec for s in jax.tree.leaves(stored["params"])] == split
     state, batch, reference = references(model)
     assert_same_step(step, state, batch, reference)

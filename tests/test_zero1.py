@@ -43,3 +43,13 @@ def test_maxtext_key_sets_zero1_over_data():
         "llama-tiny", None, "cpu-8", "ici_data_parallelism=2 ici_fsdp_parallelism=-1 shard_optimizer_over_data=true"
     )
     assert case.preset.shard_optimizer_over == "data"
+
+
+def test_zero1_spec_skips_what_the_rules_put_on_tensor_at_size_1():
+    # MaxText reads the rules' spec before axes of size 1 are dropped (deepseek2-16b's dense wo kernel: its
+    # mlp dimension on `tensor`, its single layer indivisible, so `data` joins `fsdp` on embed).
+    assert zero1_spec((10944, 1, 2048), (None, None, "fsdp"), "data", SIZES, frozenset({0})) == (
+        None,
+        None,
+        ("data", "fsdp"),
+    )

@@ -67,9 +67,6 @@ class Preset:
     lint: LintSettings = dataclasses.field(default_factory=LintSettings)
 
 
-_fail = preset_error
-
-
 def _as_axes(value: Any, source: str, where: str) -> tuple[str, ...]:
     """Mesh axes as written in YAML: a name, a list of names, [] or null."""
     if value is None:
@@ -78,16 +75,16 @@ def _as_axes(value: Any, source: str, where: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise _fail(source, f"{where} must be a mesh axis name or a list of them, found {value!r}")
+    raise preset_error(source, f"{where} must be a mesh axis name or a list of them, found {value!r}")
 
 
 def _parse_rules(value: Any, source: str) -> tuple[Rule, ...]:
     if not isinstance(value, list):
-        raise _fail(source, f"logical_axis_rules must be a list of [logical, mesh_axes] pairs, found {value!r}")
+        raise preset_error(source, f"logical_axis_rules must be a list of [logical, mesh_axes] pairs, found {value!r}")
     rules = []
     for index, item in enumerate(value):
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-            raise _fail(source, f"logical_axis_rules[{index}] must be [logical_name, mesh_axes], found {item!r}")
+            raise preset_error(source, f"logical_axis_rules[{index}] must be [logical_name, mesh_axes], found {item!r}")
         where = f"logical_axis_rules[{index}] [{item[0]}, ...]"
         axes = _as_axes(item[1], source, where)
         _check_no_repeat(axes, source, where)
@@ -99,12 +96,12 @@ def _check_no_repeat(axes: tuple[str, ...], source: str, where: str) -> None:
     """A mesh axis can shard a dimension (or appear in a mesh) once."""
     repeated = sorted({axis for axis in axes if axes.count(axis) > 1})
     if repeated:
-        raise _fail(source, f"{where} names mesh axis {repeated[0]!r} more than once ({list(axes)})")
+        raise preset_error(source, f"{where} names mesh axis {repeated[0]!r} more than once ({list(axes)})")
 
 
 def _parse_mesh(value: Any, source: str) -> tuple[tuple[str, int], ...]:
     if not isinstance(value, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
-        raise _fail(source, f"mesh must map axis names to sizes (e.g. {{fsdp: -1, expert: 2}}), found {value!r}")
+        raise preset_error(source, f"mesh must map axis names to sizes (e.g. {{fsdp: -1, expert: 2}}), found {value!r}")
     return tuple((str(k), int(v)) for k, v in value.items())
 
 
@@ -112,19 +109,19 @@ def _parse_pipeline(value: Any, source: str) -> PipelineSettings | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _fail(source, f"pipeline must be a mapping with keys {', '.join(PIPELINE_KEYS)}, found {value!r}")
+        raise preset_error(source, f"pipeline must be a mapping with keys {', '.join(PIPELINE_KEYS)}, found {value!r}")
     unknown = sorted(set(value) - set(PIPELINE_KEYS))
     if unknown:
-        raise _fail(source, f"unknown pipeline key {unknown[0]!r} (known: {', '.join(PIPELINE_KEYS)})")
+        raise preset_error(source, f"unknown pipeline key {unknown[0]!r} (known: {', '.join(PIPELINE_KEYS)})")
     settings = PipelineSettings(**{_PIPELINE_FIELDS[key]: item for key, item in value.items()})
     if not isinstance(settings.microbatches, int) or settings.microbatches < 1:
-        raise _fail(source, f"pipeline.microbatches must be a positive integer, found {settings.microbatches!r}")
+        raise preset_error(source, f"pipeline.microbatches must be a positive integer, found {settings.microbatches!r}")
     return settings
 
 
 def _choice(value: Any, allowed: tuple[str, ...], source: str, key: str) -> str:
     if value not in allowed:
-        raise _fail(source, f"{key} must be one of {', '.join(allowed)}, found {value!r}")
+        raise preset_error(source, f"{key} must be one of {', '.join(allowed)}, found {value!r}")
     return str(value)
 
 
@@ -145,21 +142,21 @@ def preset_from_mapping(data: Mapping[str, Any], name: str, source: str) -> Pres
     known = MAXTEXT_KEYS + OWN_KEYS
     for key in data:
         if key not in known:
-            raise _fail(source, unknown_name("key", str(key), known).args[0])
+            raise preset_error(source, unknown_name("key", str(key), known).args[0])
     if "mesh_axes" not in data:
-        raise _fail(source, "missing required key 'mesh_axes' (e.g. mesh_axes: ['data', 'fsdp', 'expert'])")
+        raise preset_error(source, "missing required key 'mesh_axes' (e.g. mesh_axes: ['data', 'fsdp', 'expert'])")
     mesh_axes = _as_axes(data["mesh_axes"], source, "mesh_axes")
     if not mesh_axes:
-        raise _fail(source, "mesh_axes must name at least one axis")
+        raise preset_error(source, "mesh_axes must name at least one axis")
     _check_no_repeat(mesh_axes, source, "mesh_axes")
     raw_sharding = data.get("data_sharding", [list(mesh_axes)])
     if not isinstance(raw_sharding, list):
-        raise _fail(source, f"data_sharding must be a list of axis lists, found {raw_sharding!r}")
+        raise preset_error(source, f"data_sharding must be a list of axis lists, found {raw_sharding!r}")
     data_sharding = tuple(_as_axes(group, source, "data_sharding") for group in raw_sharding)
     rules = _parse_rules(data.get("logical_axis_rules", []), source)
     context = data.get("context_sharding", _inferred_context_axis(rules, mesh_axes))
     if context is not None and not isinstance(context, str):
-        raise _fail(source, f"context_sharding must be one mesh axis name, found {context!r}")
+        raise preset_error(source, f"context_sharding must be one mesh axis name, found {context!r}")
     preset = Preset(
         name=name,
         description=str(data.get("description", "")).strip(),
@@ -188,7 +185,7 @@ def _optional_axis(value: Any, source: str, where: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise _fail(source, f"{where} must be one mesh axis name, found {value!r}")
+        raise preset_error(source, f"{where} must be one mesh axis name, found {value!r}")
     return value
 
 
@@ -228,7 +225,7 @@ def _check_axes_exist(preset: Preset, source: str) -> None:
                 continue
             close = difflib.get_close_matches(axis, preset.mesh_axes, n=1, cutoff=0.8)
             if close:
-                raise _fail(
+                raise preset_error(
                     source,
                     f"rule {logical} → {axis} names mesh axis {axis!r}, which mesh_axes lacks; "
                     f"did you mean {close[0]!r}?",
@@ -243,7 +240,7 @@ def _check_axes_exist(preset: Preset, source: str) -> None:
     for axis, where in mentioned:
         if axis not in preset.mesh_axes:
             hint = unknown_name("mesh axis", axis, preset.mesh_axes).args[0]
-            raise _fail(source, f"{where} names a missing mesh axis: {hint}")
+            raise preset_error(source, f"{where} names a missing mesh axis: {hint}")
 
 
 def load_preset_file(path: str | Path, name: str | None = None) -> Preset:
@@ -253,7 +250,7 @@ def load_preset_file(path: str | Path, name: str | None = None) -> Preset:
     try:
         text = path.read_text()
     except OSError as err:
-        raise _fail(source, f"cannot read file ({err.strerror})") from None
+        raise preset_error(source, f"cannot read file ({err.strerror})") from None
     return _preset_from_text(text, name or path.stem, source)
 
 
@@ -267,9 +264,9 @@ def _preset_from_text(text: str, name: str, source: str) -> Preset:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
-        raise _fail(source, f"malformed YAML{where}: {problem}") from None
+        raise preset_error(source, f"malformed YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise _fail(source, f"expected a YAML mapping of preset keys, found {type(data).__name__}")
+        raise preset_error(source, f"expected a YAML mapping of preset keys, found {type(data).__name__}")
     return preset_from_mapping(data, name, source)
 
 

@@ -254,7 +254,7 @@ def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -
     sizes = mesh_sizes(plan)
     bins = []
     for weight in every:
-        if not weight.stack_axes or weight.per_trip < 1:
+        if not weight.stack_axes:
             continue
         # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
         split = {axis for entry in weight.record.spec for axis in entry_axes(entry)} - set(weight.stack_axes)

@@ -16,7 +16,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 from reference_models.config import DecoderConfig
 from reference_models.decoder import Transformer
 from shardscope.case.resolve import Case
-from shardscope.case.rules import Indivisible, Spec, drop_unit_axes, indivisible_dims, resolve_logical
+from shardscope.case.rules import (
+    Indivisible,
+    Spec,
+    drop_unit_axes,
+    entry_axes,
+    indivisible_dims,
+    resolve_logical,
+    shard_shape,
+)
 from shardscope.errors import ShardingError
 from shardscope.stages.train_step import make_optimizer
 
@@ -92,27 +100,22 @@ def input_spec(case: Case) -> PartitionSpec:
     return PartitionSpec(*physical_spec(case, case.preset.input_data_sharding_logical_axes))
 
 
-def zero1_spec(shape: Sequence[int], spec: Spec, axis: str, sizes: dict[str, int]) -> Spec:
+def zero1_spec(
+    shape: Sequence[int], spec: Spec, axis: str, sizes: dict[str, int], tensor_dims: frozenset[int] = frozenset()
+) -> Spec:
     """A stored tensor's spec under ZeRO-1 over `axis`, as MaxText's `add_data_to_sharding` makes it: the
     axis goes first on the first dimension whose shard it divides and that is not split over `tensor`; a
-    tensor already split over the axis, or with no such dimension, keeps its spec."""
+    tensor already split over the axis, or with no such dimension, keeps its spec. MaxText looks at the
+    rules' spec before axes of size 1 are dropped: `tensor_dims` are the dimensions its rules put on
+    `tensor`, whatever its size."""
     spec = tuple(spec) + (None,) * (len(shape) - len(spec))
-    if any(axis in _axes_of(entry) for entry in spec):
+    if any(axis in entry_axes(entry) for entry in spec):
         return spec
-    for index, (size, entry) in enumerate(zip(shape, spec, strict=True)):
-        axes = _axes_of(entry)
-        ways = 1
-        for name in axes:
-            ways *= sizes.get(name, 1)
-        if "tensor" not in axes and size % ways == 0 and (size // ways) % sizes[axis] == 0:
+    for index, (size, entry) in enumerate(zip(shard_shape(shape, spec, sizes), spec, strict=True)):
+        axes = entry_axes(entry)
+        if "tensor" not in axes and index not in tensor_dims and size % sizes[axis] == 0:
             return (*spec[:index], (axis, *axes), *spec[index + 1 :])
     return spec
-
-
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 @functools.lru_cache(maxsize=16)
@@ -134,6 +137,9 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible]
     batch_shape = (case.global_batch, case.model.seq_len)
     state, logical_specs = _abstract_train_state(case.model, batch_shape)
     logical: dict[TensorPath, tuple[str | None, ...]] = {}
+    over = case.preset.shard_optimizer_over
+    zero1 = over is not None and case.mesh_sizes.get(over, 1) > 1
+    by_rules: dict[TensorPath, NamedSharding] = {}  # ZeRO-1: each tensor as the rules alone place it
 
     def sharding_for(key_path, leaf, logical_spec) -> NamedSharding:
         path = path_of(key_path)
@@ -143,20 +149,22 @@ def abstract_state(case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible]
         spec = physical_spec(case, names) if names else ()
         spec = spec + (None,) * (len(leaf.shape) - len(spec))
         spec = check_divisible(path, leaf.shape, spec, case, found)
+        if zero1 and over is not None:
+            by_rules[path] = NamedSharding(mesh, PartitionSpec(*spec))
+            rules = resolve_logical(names, case.preset.logical_axis_rules) if names else ()
+            tensor_dims = frozenset(i for i, entry in enumerate(rules) if "tensor" in entry_axes(entry))
+            spec = zero1_spec(leaf.shape, spec, over, case.mesh_sizes, tensor_dims)
         return NamedSharding(mesh, PartitionSpec(*spec))
 
     state_shardings = jax.tree_util.tree_map_with_path(
         sharding_for, state, logical_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
     )
-    compute_shardings = None
-    over = case.preset.shard_optimizer_over
-    if over is not None and case.mesh_sizes.get(over, 1) > 1:
-        compute_shardings = state_shardings["params"]
-        state_shardings = jax.tree.map(
-            lambda leaf, s: NamedSharding(mesh, PartitionSpec(*zero1_spec(leaf.shape, s.spec, over, case.mesh_sizes))),
-            state,
-            state_shardings,
-        )
+    # ZeRO-1: the parameters as the rules place them, which the step gathers them to.
+    compute_shardings = (
+        jax.tree_util.tree_map_with_path(lambda key_path, _: by_rules[path_of(("params", *key_path))], state["params"])
+        if zero1
+        else None
+    )
     batch_spec = PartitionSpec(*check_divisible("inputs/tokens", batch_shape, tuple(input_spec(case)), case, found))
     batch_shardings = {name: NamedSharding(mesh, batch_spec) for name in ("tokens", "targets")}
     # The shardings ride on the abstract values too: with Explicit axes they are the arrays' types.
