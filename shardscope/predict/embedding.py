@@ -9,6 +9,16 @@ partitioner has two ways to look them up, and the compiled steps take the cheape
   sum each device's gradient of the whole table over the token axes (an all-reduce, in the table's dtype).
 The first moves a device's tokens × the embedding, the second the table; XLA picks the smaller (the TPU
 goldens: deepseek2-16b and llama3.1-8b move tokens, mixtral-8x7b on 256 chips moves the table).
+
+When the tokens are also split over axes that do not split the table (a pipeline's stages, ep-as-dp's
+expert axis as data), moving the tokens goes further (the goldens of both): the rows looked up over the
+table's axes are gathered over those other axes too, and in the backward pass the activations' gradient
+is gathered whole over every token axis (no all-to-all back), scattered into the table's local slice,
+and that slice's gradient summed over the other axes; or, where the whole table is fewer bytes than every
+token's gradient, the whole table's gradient is summed over every token axis instead (seed 003's ZeRO-1
+run on v5p-8). Ids tiled over the devices in another order than the table (cp-as-ep: batch, then
+context; the table: fsdp, context, expert) are gathered whole, every device looks every token up in its
+slice, the rows are gathered over the table's axes, and the whole table's gradient is summed.
 """
 
 from __future__ import annotations
@@ -34,6 +44,41 @@ _SOURCE = "token_embedder"
 
 def _row(op: str, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, cause: Cause) -> CollectiveRow:
     return collective_row(op, axes, shape, dtype, pass_, _SOURCE, cause)
+
+
+def _id_axes(plan: Plan, batch: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The axes the looked-up token ids are split on, dimension by dimension: the token input's (a
+    pipeline splits it over its stages too, where the activations inside are not), else the activations'
+    token axes as one dimension."""
+    ids = plan.tensor_map.get("inputs/tokens")
+    if ids is None:
+        return (batch,)
+    return tuple(axes for axes in (entry_axes(entry) for entry in ids.spec) if axes)
+
+
+def _replicated_lookup(
+    plan: Plan,
+    ids: tuple[tuple[str, ...], ...],
+    tokens: int,
+    embed_axes: tuple[str, ...],
+    moved: str,
+    table_dtype: str,
+    table: tuple[int, int],
+    cause: Cause,
+    grad: Cause,
+) -> list[CollectiveRow]:
+    """Every device looks up every token in its slice of the table: the ids gathered whole (one dimension's
+    axes at a time, the last first), the looked-up rows gathered over the table's axes, and the whole
+    table's gradient summed over each dimension's axes."""
+    sizes = mesh_sizes(plan)
+    rows: list[CollectiveRow] = []
+    held = tokens
+    for axes in reversed(ids):
+        held *= math.prod(sizes[a] for a in axes)
+        rows.append(_row("all-gather", in_mesh_order(plan, set(axes)), (held,), _IDS_DTYPE, "forward", cause))
+    rows.append(_row("all-gather", embed_axes, (held, table[1]), moved, "forward", cause))
+    rows += [_row("all-reduce", in_mesh_order(plan, set(axes)), table, table_dtype, "backward", grad) for axes in ids]
+    return rows
 
 
 def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[str, ...]) -> tuple[CollectiveRow, ...]:
@@ -67,11 +112,30 @@ def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[
         return tuple(rows)
     ways = math.prod(sizes[a] for a in embed_axes)
     if nbytes((tokens, embed), moved) < nbytes((vocab, embed), moved):
-        return (
-            *rows,
+        ids = _id_axes(plan, batch)
+        flat = tuple(axis for axes in ids for axis in axes)
+        if flat[: len(embed_axes)] != embed_axes:
+            # The ids are tiled over the devices in another order than the table: no all-to-all pairs them.
+            lookup = _replicated_lookup(plan, ids, tokens, embed_axes, moved, table.dtype, table.shape, cause, grad)
+            return (*rows, *lookup)
+        rows += [
             _row("all-gather", embed_axes, (tokens * ways,), _IDS_DTYPE, "forward", cause),
             _row("all-to-all", embed_axes, (tokens, embed), moved, "forward", cause),
-            _row("all-to-all", embed_axes, (tokens, embed), table.dtype, "backward", cause),
+        ]
+        other = in_mesh_order(plan, set(flat) - set(embed_axes) - set(vocab_axes))
+        if not other:
+            return (*rows, _row("all-to-all", embed_axes, (tokens, embed), table.dtype, "backward", cause))
+        others = math.prod(sizes[a] for a in other)
+        every = in_mesh_order(plan, set(embed_axes) | set(other))
+        rows.append(_row("all-gather", other, (tokens * ways * others, embed // ways), moved, "forward", cause))
+        gathered = (tokens * ways * others, embed)
+        if nbytes(gathered, table.dtype) > nbytes(table.shape, table.dtype):
+            # Fewer bytes to sum the whole table's gradient than to gather every token's (seed 003's ZeRO-1).
+            return (*rows, _row("all-reduce", every, table.shape, table.dtype, "backward", grad))
+        return (
+            *rows,
+            _row("all-gather", every, gathered, table.dtype, "backward", grad),
+            _row("all-reduce", other, (vocab, embed // ways), table.dtype, "backward", grad),
         )
     rows.append(_row("all-gather", embed_axes, table.shape, moved, "forward", cause))
     summed = in_mesh_order(plan, set(batch) - set(vocab_axes))
