@@ -269,3 +269,33 @@ def test_a_loop_nested_in_a_loop_is_the_outer_loops_region():
     bins = profile_of(nested, jnp.ones((64, 64)), jnp.ones((5, 64, 64)))
     (inner,) = [entry for entry in bins if entry.kind == "matmul"]
     assert (inner.executions, inner.region) == (15, 5)
+
+
+SPLASH = """HloModule splash, entry_computation_layout={()->bf16[1,2,1024,64]{3,2,1,0}}
+
+ENTRY main {
+  mask = s8[1,4,4]{2,1,0} parameter(0)
+  q = bf16[1,2,1024,64]{3,2,1,0} parameter(1)
+  k = bf16[1,2,1024,64]{3,2,1,0} parameter(2)
+  v = bf16[1,2,1024,64]{3,2,1,0} parameter(3)
+  do = bf16[1,2,1024,64]{3,2,1,0} parameter(4)
+  splash_mha_fwd_residuals_block_q_256.1 = (bf16[1,2,1024,64]{3,2,1,0}, f32[1,2,1024,64]{3,2,1,0})
+    custom-call(mask, q, k, v), custom_call_target="tpu_custom_call"
+  splash_mha_dkv_block_q_dkv_256.1 = (bf16[1,2,1024,64]{3,2,1,0}, bf16[1,2,1024,64]{3,2,1,0})
+    custom-call(mask, q, k, v, do), custom_call_target="tpu_custom_call"
+  other_kernel.1 = bf16[1,2,1024,64]{3,2,1,0} custom-call(q, k), custom_call_target="tpu_custom_call"
+  ROOT out = bf16[1,2,1024,64]{3,2,1,0} get-tuple-element(splash_mha_fwd_residuals_block_q_256.1), index=0
+}
+"""
+
+
+def test_a_pallas_attention_kernel_is_the_kernel_with_the_flops_its_shapes_and_causal_blocks_give():
+    # MaxText's splash kernels are custom calls: their FLOPs come from q/k's shapes, the pass from the
+    # kernel's name (forward: 2 matmuls of [1024 × 1024] scores per head, key/value gradient: 4), and the
+    # 4 × 4 block mask of a causal kernel visits 10 of its 16 blocks. Another Pallas kernel stays a memory op.
+    bins = work_profile(read_module(SPLASH))
+    kernel = [entry for entry in bins if entry.kind == "kernel"]
+    one_matmul = 2 * 1 * 2 * 1024 * 1024 * 64
+    assert sum(entry.flops for entry in kernel) == round((2 + 4) * one_matmul * 10 / 16)
+    assert all(entry.bytes == 0 for entry in kernel)
+    assert sum(entry.ops for entry in bins if entry.kind == "memory") == 1  # other_kernel.1

@@ -16,7 +16,9 @@ Kinds:
   dot inside `GROUPED_SCOPE`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
 - `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
   ops without a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
-  each block's scores on chip where the stand-in writes them to HBM.
+  each block's scores on chip where the stand-in writes them to HBM. A TPU program's own attention kernel
+  (MaxText's splash kernels: a Pallas `tpu_custom_call` named `splash_…_fwd`, `_dq`, `_dkv`) is one too,
+  its FLOPs counted from its shapes (`attention_kernel_flops`).
 - `host`: a transfer between HBM and host memory (memory space S(5), a remat policy's offload): bytes over
   the host link, which overlaps compute as collectives do.
 A scatter that XLA's CPU compiler expanded into a loop over its updates counts as the one scatter a TPU
@@ -117,6 +119,38 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
     return total
 
 
+# A Pallas attention kernel's pass, from its name, and the [L × S] score matmuls it runs per block: the
+# forward pass two (scores, then values), the query gradient three (scores again, the probabilities'
+# gradient, the queries'), the key/value gradient four (scores, the probabilities' gradient, the values'
+# and the keys'), a fused backward kernel five.
+_ATTENTION_KERNEL = re.compile(r"(?:splash|flash)\w*?_(fwd|dq|dkv|bwd)(?:_|$)")
+_KERNEL_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4, "bwd": 5}
+
+
+def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
+    """FLOPs of one run of a Pallas attention kernel (None: not one). q and k are its first two rank-4
+    operands ([batch, heads, length, head dim]); its block mask (an int8 [.., query blocks, key blocks]
+    operand) says how many blocks it visits: a causal mask's lower triangle, as a language model's
+    training kernel has (the mask's contents are not in the program, only its grid)."""
+    if instruction.opcode != "custom-call" or "tpu_custom_call" not in (
+        instruction.attribute("custom_call_target") or ""
+    ):
+        return None
+    match = _ATTENTION_KERNEL.search(instruction.name)
+    if match is None:
+        return None
+    arrays = [shape_info(shape) for shape in operand_shapes]
+    qk = [dims for dtype, dims, _ in arrays if len(dims) == 4 and dtype.startswith(("bfloat16", "float"))]
+    if len(qk) < 2:
+        return None
+    (batch, heads, queries, dim), keys = qk[0], qk[1][2]
+    grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
+    visited = 1.0
+    if grid is not None and grid[0] == grid[1] and grid[0] > 0:
+        visited = (grid[0] + 1) / (2 * grid[0])
+    return round(_KERNEL_MATMULS[match.group(1)] * 2 * batch * heads * queries * keys * dim * visited)
+
+
 def _grouped(program: Program, instruction: Instruction) -> bool:
     """Whether the op's matrix work is the grouped experts': its own name, or a dot it fuses, in the scope."""
     if GROUPED_SCOPE in _op_name(instruction):
@@ -166,6 +200,9 @@ def _classify(
         return "host", 0, host
     if COLLECTIVE_LIKE.match(opcode) is not None:
         return None
+    kernel_flops = attention_kernel_flops(instruction, operand_shapes)
+    if kernel_flops is not None:
+        return "kernel", kernel_flops, 0
     flops = _matrix_flops(program, instruction, operand_shapes)
     if in_kernel:
         return "kernel", flops, 0
