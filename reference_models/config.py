@@ -45,11 +45,15 @@ REMAT_POLICIES = (
 class PipelineSettings:
     """Pipeline parallelism: layers split over the `stage_axis` mesh axis, the batch into `microbatches`, the
     stages visited `repeats` times (circular schedules, see reference_models.pipeline). The one record for presets and
-    models alike (a preset file spells the axis `stages_axis`)."""
+    models alike (a preset file spells the axis `stages_axis`).
+
+    `fsdp_gather_once`: MaxText's `pipeline_fsdp_ag_once`: the stack's weights are gathered over the
+    `fsdp` and `fsdp_transpose` axes once, before the schedule, instead of at every step."""
 
     stage_axis: str = "stage"
     microbatches: int = 1
     repeats: int = 1
+    fsdp_gather_once: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer,
 from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec, weights_in
 from reference_models.pipeline import PipelineRemat, run_pipeline
 from reference_models.remat import pipeline_remat_policy, remat_policy
-from reference_models.sharding import ShardingContext, current_context, path_prefix
+from reference_models.sharding import ShardingContext, current_context, path_prefix, unsharded
 
 # MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
 PARAM_SCAN_AXIS = 1
@@ -53,6 +53,30 @@ def layer_stacks(config: DecoderConfig) -> tuple[LayerStack, ...]:
     return (LayerStack("layers", layer, {}, config.num_layers),)
 
 
+def _scanned(layer: type[nn.Module] | Any, stack: LayerStack) -> Any:
+    """`layer` scanned over the stack's layers, its parameters stacked at `PARAM_SCAN_AXIS` under the stack's name."""
+    return nn.scan(
+        layer,
+        variable_axes={"params": PARAM_SCAN_AXIS},
+        split_rngs={"params": True},
+        length=stack.length,
+        metadata_params={nn.PARTITION_NAME: stack.name},
+    )
+
+
+def _stored_specs(config: DecoderConfig, stack: LayerStack, x: jax.Array, context: ShardingContext) -> Any:
+    """The rules' sharding of each of the stack's parameters, from their logical axes (an abstract init of the
+    stack, traced unsharded so that it records nothing): with Auto axes a traced parameter does not carry it."""
+    module = _scanned(stack.layer, stack)(config, **stack.options)
+    hidden = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    with unsharded():
+        boxed = jax.eval_shape(lambda h: module.init(jax.random.key(0), h, None), hidden)["params"]
+    logical = nn.get_partition_spec(boxed)
+    return jax.tree.map(
+        lambda spec: context.resolve(tuple(spec)), logical, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)
+    )
+
+
 class Decoder(nn.Module):
     """Layer stacks, then the final norm and the vocabulary projection."""
 
@@ -77,14 +101,7 @@ class Decoder(nn.Module):
             if cfg.remat != "none":
                 policy = remat_policy(cfg.remat, cfg.remat_custom)
                 layer = nn.remat(stack.layer, prevent_cse=False, policy=policy)
-            scanned = nn.scan(
-                layer,
-                variable_axes={"params": PARAM_SCAN_AXIS},
-                split_rngs={"params": True},
-                length=stack.length,
-                metadata_params={nn.PARTITION_NAME: stack.name},
-            )
-            x, _ = scanned(cfg, **stack.options, name=stack.name)(x, None)
+            x, _ = _scanned(layer, stack)(cfg, **stack.options, name=stack.name)(x, None)
         x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
         logits = DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
         out = explicit_spec(_LOGITS)
@@ -107,9 +124,13 @@ class Decoder(nn.Module):
         if cfg.remat != "none":
             layer_policy = remat_policy(cfg.remat, cfg.remat_custom)
             remat = PipelineRemat(layer=layer_policy, schedule=pipeline_remat_policy(cfg.remat, cfg.remat_custom))
+        gather_once = context.pipeline is not None and context.pipeline.fsdp_gather_once
+        specs = _stored_specs(cfg, stack, x, context) if gather_once else None
         with path_prefix((*self.path, stack.name)):
             params = self.variables["params"][stack.name]
-            return run_pipeline(apply_layer, params, x, context, PARAM_SCAN_AXIS, context.resolve(RESIDUAL), remat)
+            return run_pipeline(
+                apply_layer, params, x, context, PARAM_SCAN_AXIS, context.resolve(RESIDUAL), remat, specs
+            )
 
 
 class Transformer(nn.Module):

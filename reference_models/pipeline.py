@@ -51,6 +51,8 @@ from jax.sharding import PartitionSpec
 
 from reference_models.sharding import ShardingContext, ambient_mesh, entry_axes, place
 
+# The axes MaxText's `pipeline_fsdp_ag_once` gathers the stack's weights over before the schedule.
+FSDP_AXES = ("fsdp", "fsdp_transpose")
 # Applies one layer: (that layer's params, hidden [batch, seq, embed]) -> hidden.
 LayerFn = Callable[[Any, jax.Array], jax.Array]
 Policy = Callable[..., Any] | None  # a `jax.checkpoint` policy (None: save nothing)
@@ -73,6 +75,7 @@ def run_pipeline(
     layer_axis: int,
     batch_spec: PartitionSpec,
     remat: PipelineRemat | None = None,
+    stored_specs: Any = None,
 ) -> jax.Array:
     """Runs `apply_layer` for every layer of `stacked_params` over `x`, pipelined across stages.
 
@@ -86,6 +89,8 @@ def run_pipeline(
       batch_spec: the sharding of [batch, seq, embed] inside a stage (the residual stream's); it must not
         use the stage axis.
       remat: how the backward pass recomputes (None: the layers keep everything, the schedule nothing).
+      stored_specs: each parameter's sharding as the rules place it (as `stacked_params`), needed when the
+        settings gather the weights over fsdp once (`fsdp_gather_once`).
 
     Returns:
       The stack's output, as `x`.
@@ -236,8 +241,18 @@ def run_pipeline(
         carry, _ = jax.lax.scan(one_step, carry, jnp.arange(count * repeats + stages - 1))
         return carry
 
-    # Which parameters enter the stages split over other axes than the stage axis (gathered at the boundary).
+    # Which parameters are stored split over other axes than the stage axis: with Explicit axes they are
+    # gathered at the boundary (and with `fsdp_gather_once` before it), and their gradient is the buffer of
+    # every visit `_pick_visit` makes, as in MaxText's explicit pipeline, gathered once or not.
     gathered = jax.tree.map(lambda p: _split_beyond(p, axis), stacked_params) if context.explicit else None
+    if settings.fsdp_gather_once:
+        if stored_specs is None:
+            raise ValueError("fsdp_gather_once needs the parameters' stored shardings (stored_specs)")
+        # MaxText's pipeline_fsdp_ag_once: the whole stack gathered over fsdp before the schedule's loop, so
+        # no step gathers a layer's weights again; its gradient is reduce-scattered back once.
+        stacked_params = jax.tree.map(
+            lambda p, spec: place(context, p, _without_axes(spec, FSDP_AXES)), stacked_params, stored_specs
+        )
 
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves
     # for the backward pass get sharded over the already-manual stage axis as well, which the partitioner
@@ -254,6 +269,15 @@ def run_pipeline(
     # Only the last stage's outputs are non-zero: the sum over stages is an all-reduce over `stage`.
     outputs = jnp.sum(run(stacked_params, micro), axis=0)
     return _from_microbatches(context, outputs, batch_spec)
+
+
+def _without_axes(spec: PartitionSpec, axes: tuple[str, ...]) -> PartitionSpec:
+    """`spec` with `axes` taken out of every entry (an entry left with none is replicated)."""
+    entries = []
+    for entry in spec:
+        kept = tuple(name for name in entry_axes(entry) if name not in axes)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*entries)
 
 
 def _split_beyond(array: jax.Array, stage_axis: str) -> bool:

@@ -73,6 +73,16 @@ def sharding_context(context: ShardingContext) -> Iterator[ShardingContext]:
 
 
 @contextlib.contextmanager
+def unsharded() -> Iterator[None]:
+    """Runs the enclosed trace without a context: nothing is constrained or recorded (an abstract init)."""
+    token = _CURRENT.set(None)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
 def path_prefix(prefix: Sequence[str]) -> Iterator[None]:
     """Records activations of the enclosed trace under `prefix` + their module's own path."""
     token = _PREFIX.set(tuple(prefix))

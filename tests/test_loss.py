@@ -113,6 +113,7 @@ CIRCULAR_CASES = [
     *((model, overrides) for model in MODELS for overrides in ({}, AUTO)),
     ("llama-tiny", {**AUTO, **OFFLOAD}),
     ("deepseek-tiny", {**AUTO, "model.remat": "none"}),
+    *(("llama-tiny", {**mode, "pipeline.fsdp_gather_once": "true"}) for mode in ({}, AUTO)),
 ]
 
 

@@ -182,6 +182,17 @@ def test_seed_003_plans_from_its_command_line(mode):
     assert query.shape[1] == 32 and "stage" in str(query.spec[1])
 
 
+def test_pipeline_fsdp_ag_once_is_the_pipelines_gather_once_setting():
+    # Modelled, not warned: the pipeline gathers the stack's weights over fsdp once, before its schedule.
+    words = "ici_pipeline_parallelism=2 num_pipeline_microbatches=4 num_pipeline_repeats=2 per_device_batch_size=4"
+    case, run = resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{words} pipeline_fsdp_ag_once=true")
+    assert case.preset.pipeline is not None and case.preset.pipeline.fsdp_gather_once
+    assert not any("pipeline_fsdp_ag_once" in line for line in run.warnings)
+    case, run = resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{words} pipeline_fsdp_ag_once=false")
+    assert case.preset.pipeline is not None and not case.preset.pipeline.fsdp_gather_once
+    assert not run.warnings
+
+
 def test_set_may_change_what_maxtexts_defaults_chose_but_not_what_the_command_line_said():
     # remat_policy not given: base.yml's `full` applies, and --set chooses otherwise without contradiction.
     case, run = resolve_maxtext_case("mixtral-tiny", None, None, TINY, {"model.remat": "minimal"})

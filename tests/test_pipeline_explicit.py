@@ -18,10 +18,12 @@ STAGE_ONLY = {"data": 4, "stage": 2, "fsdp": 1, "expert": 1}
 REPEATS = 2
 
 
-def barrier_shapes(mode: str, mesh: dict[str, int]) -> list[str]:
+def barrier_shapes(mode: str, mesh: dict[str, int], once: bool = False) -> list[str]:
     """The types of the single values the lowered step (StableHLO text) puts behind an optimization barrier
-    (remat's barriers hold several values at once)."""
+    (remat's barriers hold several values at once). `once`: the weights gathered over fsdp before the
+    schedule (MaxText's pipeline_fsdp_ag_once)."""
     overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": mode}
+    overrides["pipeline.fsdp_gather_once"] = str(once).lower()
     text = lower_case(resolve_case("llama-tiny", "explicit-pipeline", mesh=mesh, overrides=overrides)).lowered.as_text()
     return re.findall(r"= stablehlo\.optimization_barrier %[\w#.]+ : (tensor<[^>]*>)\n", text)
 
@@ -30,6 +32,33 @@ def test_fsdp_split_weights_take_every_visits_gradient_every_step():
     shapes = barrier_shapes("explicit", FSDP)
     # One materialised buffer per main-stack weight, each with every visit's copy (leading dimension).
     assert shapes and all(shape.startswith(f"tensor<{REPEATS}x") for shape in shapes)
+
+
+def test_weights_gathered_once_still_take_every_visits_gradient_every_step():
+    # MaxText's compile of seed 003 (pipeline_fsdp_ag_once=true, FSDP-stored weights) has the buffer: it
+    # follows the weights' stored split, not the gathered one the schedule reads.
+    shapes = barrier_shapes("explicit", FSDP, once=True)
+    assert shapes and all(shape.startswith(f"tensor<{REPEATS}x") for shape in shapes)
+
+
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_gathered_once_the_schedule_gathers_no_weight_over_fsdp(mode, plan_of):
+    # Without it every step of the schedule's loop gathers its layer's weights over fsdp (the select or index
+    # that picks the visit's layer is what they gather); with it the weights are gathered once, outside.
+    def weight_gathers_in_loop(once: bool) -> int:
+        overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": mode}
+        overrides["pipeline.fsdp_gather_once"] = str(once).lower()
+        plan = plan_of(resolve_case("llama-tiny", "explicit-pipeline", mesh=FSDP, overrides=overrides))
+        return sum(
+            1
+            for row in plan.collectives
+            if row.op == "all-gather"
+            and "fsdp" in (row.axes or ())
+            and (row.loop_trips or 1) > 1
+        )
+
+    assert weight_gathers_in_loop(False) > 0
+    assert weight_gathers_in_loop(True) == 0
 
 
 @pytest.mark.parametrize(("mode", "mesh"), [("explicit", STAGE_ONLY), ("auto", FSDP)])

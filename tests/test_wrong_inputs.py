@@ -101,6 +101,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("dump", "deepseek-tiny", "--set", "model.seq_len=abc"), "expected a positive integer"),
     (("dump", "deepseek-tiny", "--set", "model.seq_len=-5"), "expected a positive integer"),
     (("dump", "deepseek-tiny", "--set", "model.num_layers=0"), "expected a positive integer"),
+    (("dump", "deepseek-tiny", "--set", "pipeline.fsdp_gather_once=yes"), "expected true or false"),
     (("dump", "deepseek-tiny", "--set", "model.dtype=int8"), "expected one of bfloat16, float16, float32"),
     (("dump", "deepseek-tiny", "--set", "model.capacity_factor=abc"), "or none (dropless)"),
     (("dump", "deepseek-tiny", "--set", "model.capacity_factor=-1"), "positive number"),

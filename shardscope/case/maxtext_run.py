@@ -271,6 +271,8 @@ def _settings(
         settings["pipeline.repeats"] = str(_pipeline_repeats(values, model_name, stages))
         if "num_pipeline_repeats" not in values and "num_layers_per_pipeline_stage" not in values:
             defaulted.add("pipeline.repeats")
+        if values.get("pipeline_fsdp_ag_once"):
+            settings["pipeline.fsdp_gather_once"] = "true"
     # How the step runs: base.yml's defaults where the command line is silent.
     defaults = maxtext_defaults()
     for key in _RUN_DEFAULTS:
@@ -358,6 +360,7 @@ _HANDLED_ELSEWHERE = frozenset(
         "num_pipeline_microbatches",
         "num_pipeline_repeats",
         "num_layers_per_pipeline_stage",
+        "pipeline_fsdp_ag_once",
         "mesh_axes",
         *CUSTOM_REMAT_KEYS,
     }

@@ -35,9 +35,14 @@ SHARD_MODES = ("auto", "explicit")
 _KEYS = "mesh_axes data_sharding logical_axis_rules context_sharding input_data_sharding_logical_axes"
 MAXTEXT_KEYS: tuple[str, ...] = tuple(_KEYS.split())
 OWN_KEYS = ("description", "origin", "mesh", "moe", "pipeline", "shard_mode", "shard_optimizer_over", "lint")
-PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats")
+PIPELINE_KEYS = ("stages_axis", "microbatches", "repeats", "fsdp_gather_once")
 # A preset file's pipeline keys → the fields of the pipeline record.
-_PIPELINE_FIELDS = {"stages_axis": "stage_axis", "microbatches": "microbatches", "repeats": "repeats"}
+_PIPELINE_FIELDS = {
+    "stages_axis": "stage_axis",
+    "microbatches": "microbatches",
+    "repeats": "repeats",
+    "fsdp_gather_once": "fsdp_gather_once",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +121,9 @@ def _parse_pipeline(value: Any, source: str) -> PipelineSettings | None:
     settings = PipelineSettings(**{_PIPELINE_FIELDS[key]: item for key, item in value.items()})
     if not isinstance(settings.microbatches, int) or settings.microbatches < 1:
         raise preset_error(source, f"pipeline.microbatches must be a positive integer, found {settings.microbatches!r}")
+    if not isinstance(settings.fsdp_gather_once, bool):
+        found = settings.fsdp_gather_once
+        raise preset_error(source, f"pipeline.fsdp_gather_once must be true or false, found {found!r}")
     return settings
 
 
@@ -334,7 +342,11 @@ def apply_preset_overrides(preset: Preset, overrides: Mapping[str, str]) -> Pres
             if field not in PIPELINE_KEYS:
                 raise unknown_name("setting", key, PRESET_SETTABLE)
             current = preset.pipeline or PipelineSettings()
-            typed: Any = value if field == "stages_axis" else _positive_int(key, value)
+            typed: Any = value
+            if field == "fsdp_gather_once":
+                typed = _boolean(key, value)
+            elif field != "stages_axis":
+                typed = _positive_int(key, value)
             changed = dataclasses.replace(current, **{_PIPELINE_FIELDS[field]: typed})
             preset = dataclasses.replace(preset, pipeline=changed)
         elif key == "lint.ignore":
@@ -361,6 +373,12 @@ def with_model_rules(preset: Preset, model_rules: tuple[Rule, ...]) -> Preset:
     names = {logical for logical, _ in model_rules}
     kept = tuple(rule for rule in preset.logical_axis_rules if rule[0] not in names)
     return dataclasses.replace(preset, logical_axis_rules=kept + tuple(model_rules))
+
+
+def _boolean(key: str, value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ShardscopeError(f"--set {key}={value}: expected true or false")
+    return value.lower() == "true"
 
 
 def _positive_int(key: str, value: str) -> int:
