@@ -55,6 +55,11 @@ class PipelineSettings:
     repeats: int = 1
     fsdp_gather_once: bool = False
 
+    @property
+    def gathered_once(self) -> tuple[str, ...]:
+        """The mesh axes the stack's weights are gathered over once, before the schedule (MaxText's names)."""
+        return ("fsdp", "fsdp_transpose") if self.fsdp_gather_once else ()
+
 
 @dataclass(frozen=True, kw_only=True)
 class DecoderConfig:

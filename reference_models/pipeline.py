@@ -51,8 +51,6 @@ from jax.sharding import PartitionSpec
 
 from reference_models.sharding import ShardingContext, ambient_mesh, entry_axes, place
 
-# The axes MaxText's `pipeline_fsdp_ag_once` gathers the stack's weights over before the schedule.
-FSDP_AXES = ("fsdp", "fsdp_transpose")
 # Applies one layer: (that layer's params, hidden [batch, seq, embed]) -> hidden.
 LayerFn = Callable[[Any, jax.Array], jax.Array]
 Policy = Callable[..., Any] | None  # a `jax.checkpoint` policy (None: save nothing)
@@ -251,7 +249,9 @@ def run_pipeline(
         # MaxText's pipeline_fsdp_ag_once: the whole stack gathered over fsdp before the schedule's loop, so
         # no step gathers a layer's weights again; its gradient is reduce-scattered back once.
         stacked_params = jax.tree.map(
-            lambda p, spec: place(context, p, _without_axes(spec, FSDP_AXES)), stacked_params, stored_specs
+            lambda p, spec: place(context, p, _without_axes(spec, settings.gathered_once)),
+            stacked_params,
+            stored_specs,
         )
 
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves

@@ -52,9 +52,7 @@ def test_gathered_once_the_schedule_gathers_no_weight_over_fsdp(mode, plan_of):
         return sum(
             1
             for row in plan.collectives
-            if row.op == "all-gather"
-            and "fsdp" in (row.axes or ())
-            and (row.loop_trips or 1) > 1
+            if row.op == "all-gather" and "fsdp" in (row.axes or ()) and (row.loop_trips or 1) > 1
         )
 
     assert weight_gathers_in_loop(False) > 0

@@ -162,12 +162,16 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
     split: set[str] = set()
     kept: set[str] = set()
     stack: set[str] = set()
+    # ZeRO-1 may store a stack split over its axis on the layers dimension: gathered back, not a stage split.
+    over = case.preset.shard_optimizer_over if case is not None else None
     for name, size, entry, local in zip(logical, record.shape, record.spec, record.shard_shape, strict=False):
         axes = set(entry_axes(entry))
         if is_stack_dim(name):
             # A stage-sharded stack: each stage loops over its own layers only.
-            trips *= local if axes else size
-            stack |= axes
+            stored = axes & {over}
+            trips *= local * math.prod(dict(plan.case.mesh).get(a, 1) for a in stored) if axes else size
+            stack |= axes - stored
+            split |= stored
             continue
         split |= axes
         dim_kept = axes if name == EXPERT_LOGICAL else axes - set(tokens)

@@ -9,7 +9,8 @@ zero, so the outputs are summed over the stages (an all-reduce), and so are thei
 
 With Explicit mesh axes the pipeline's shard_map closes every other axis: what enters it, each stage's
 weights and the microbatches (with the buffers the remat keeps of them: the outputs of every saved step), is
-gathered whole over those axes once per step in each pass, besides the gathers each layer makes inside;
+gathered whole over those axes once per step in each pass (the microbatches in a CPU program only),
+besides the gathers each layer makes inside;
 and the logits' gradient, split over the stages outside, is gathered over them to meet the replicated
 output. With Auto axes those dimensions stay open and none of this moves.
 """
@@ -61,7 +62,9 @@ def pipeline_collectives(
         return tuple(rows)
     rows.append(collective_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
     closed = in_mesh_order(plan, set(batch) - set(stages))
-    if closed:
+    # A TPU program keeps the microbatches split at the edge (seed 003's explicit compiles for v5p-8, with
+    # and without ZeRO-1 or the weights gathered once, have none of these gathers); a CPU program gathers them.
+    if closed and dict(plan.provenance).get("backend") != "tpu":
         # The microbatches, the outputs buffer, and the outputs the remat keeps of every saved step (one per
         # round of a circular schedule, else one per iteration).
         saved = pipeline.repeats if pipeline.repeats > 1 else staged.loop_trips
@@ -71,13 +74,22 @@ def pipeline_collectives(
             rows.append(collective_row("all-gather", closed, shape, dtype, pass_, module, cause))
     for weight in every:
         if weight.stack_axes:
-            rows += _weight_edge(plan, weight, sizes)
+            rows += _weight_edge(plan, weight, sizes, (*pipeline.gathered_once, *_zero1(case)))
     return tuple(rows)
 
 
-def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int]) -> list[CollectiveRow]:
+def _zero1(case: Case) -> tuple[str, ...]:
+    """ZeRO-1's axis: the step gathers the weights back over it before the model runs (nothing left for the
+    edge)."""
+    over = case.preset.shard_optimizer_over
+    return (over,) if over is not None else ()
+
+
+def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int], once: tuple[str, ...]) -> list[CollectiveRow]:
     """A stage's slice of a stacked weight gathered whole over the other axes at the pipeline's edge, one
-    split dimension at a time from the last (each gather's result is the next one's input), in each pass."""
+    split dimension at a time from the last (each gather's result is the next one's input), in each pass;
+    not over the axes it was gathered over before the schedule (`once`: `pipeline.fsdp_gather_once`'s and
+    ZeRO-1's, see `weights.weight_gathers`)."""
     record = weight.record
     logical = record.logical or (None,) * len(record.shape)
     shape = list(record.shard_shape)
@@ -86,7 +98,7 @@ def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int]) -> list[Coll
     for dim in reversed(range(len(shape))):
         if is_stack_dim(logical[dim]):
             continue
-        axes = in_mesh_order(plan, set(entry_axes(record.spec[dim])))
+        axes = in_mesh_order(plan, set(entry_axes(record.spec[dim])) - set(once))
         if not axes:
             continue
         shape[dim] *= math.prod(sizes[a] for a in axes)

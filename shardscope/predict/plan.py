@@ -19,7 +19,7 @@ from shardscope.predict.layout import Placement, dot_operand_dtype, moved_dtype,
 from shardscope.predict.moe import expert_partial_sums, expert_token_sums, moe_exchanges
 from shardscope.predict.pipeline import pipeline_collectives
 from shardscope.predict.rules import preset_moe, preset_rules, rules_on
-from shardscope.predict.weights import gradient_sum, weight_gathers
+from shardscope.predict.weights import GatheredOnce, gradient_sum, weight_gathers
 from shardscope.predict.work import expert_slots, predicted_work
 
 PREDICTED = "predicted"  # the provenance key a predicted plan carries (value True)
@@ -63,12 +63,23 @@ def predict_collectives(
     batch_rules = _batch_rules(plan, batch, rules) if causes else ()
     rows: list[CollectiveRow] = []
     on_tpu = dict(plan.provenance).get("backend") == "tpu"
+    pipeline = case.preset.pipeline if case is not None else None
+    once = pipeline.gathered_once if pipeline is not None else ()
+    over = case.preset.shard_optimizer_over if case is not None else None
+    zero1 = (over,) if over is not None and dict(plan.case.mesh).get(over, 1) > 1 else ()
+    summed_once = None
+    if (once or zero1) and case is not None:
+        auto = plan.case.axis_types != "explicit"
+        narrow = dot_operand_dtype(moved_dtype("float32", case))
+        carried = narrow if on_tpu and auto and pipeline is not None else None
+        rounds = pipeline.repeats if pipeline is not None else 1
+        summed_once = GatheredOnce(once, carried, rounds, narrow if on_tpu else None, zero1)
     for weight in every:
         dtype = moved_dtype(weight.record.dtype, case)
         # A TPU program narrows a float32 weight with head or expert dimensions before gathering it.
         gathered = dot_operand_dtype(dtype) if on_tpu and len(weight.layer_shape) > 2 else dtype
-        rows.extend(weight_gathers(plan, weight, rules, remat, gathered))
-        rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype))
+        rows.extend(weight_gathers(plan, weight, rules, remat, gathered, once, zero1))
+        rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype, summed_once))
     if case is not None:
         rows.extend(tensor_parallel_sums(plan, every, found.tokens, case.model.dtype, remat))
     rows.extend(lookup_collectives(plan, case, found.tokens, batch))

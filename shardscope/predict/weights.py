@@ -10,22 +10,32 @@ axis is what the prediction keeps).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, RuleCause
-from shardscope.predict.layout import Weight, in_mesh_order, layer_row, mesh_sizes
+from shardscope.predict.layout import Weight, collective_row, in_mesh_order, is_stack_dim, layer_row, mesh_sizes
 from shardscope.predict.rules import rules_on
 
 WEIGHT_USE = "/dot_general"  # the consumer a weight's gather and gradient sum name (`<module>/dot_general`)
 
 
 def weight_gathers(
-    plan: Plan, weight: Weight, rules: tuple[Rule, ...], remat: bool, dtype: str
+    plan: Plan,
+    weight: Weight,
+    rules: tuple[Rule, ...],
+    remat: bool,
+    dtype: str,
+    once: tuple[str, ...] = (),
+    zero1: tuple[str, ...] = (),
 ) -> tuple[CollectiveRow, ...]:
     """The forward all-gather of the weight's per-layer slice over the axes that split it, and with remat (in
     a layer stack) the same again in the backward pass; () for a weight no axis splits (expert dims stay
-    split). `dtype`: what travels (`layout.moved_dtype`)."""
+    split). `dtype`: what travels (`layout.moved_dtype`). Gathered whole once per step instead: over `once`,
+    the axes a pipeline gathers its stack's weights over before its schedule (`pipeline.fsdp_gather_once`),
+    and over `zero1`, the axis ZeRO-1 stores every weight split on and the step gathers it back from (the
+    TPU compiles name that gather the optimizer's: it is the updated weights')."""
     axes = weight.gathered_axes
     if not axes:
         return ()
@@ -35,18 +45,53 @@ def weight_gathers(
         line=None,
         rules=rules_on(plan, weight.path, weight.record, axes, rules),
     )
+    rows: list[CollectiveRow] = []
+    sizes = mesh_sizes(plan)
+    held = math.prod(weight.record.shard_shape)
+    for gathered, pass_ in ((zero1, "optimizer"), (once if weight.stack_axes else (), "forward")):
+        before = in_mesh_order(plan, set(axes) & set(gathered))
+        if before:
+            held *= math.prod(sizes[a] for a in before)
+            rows.append(collective_row("all-gather", before, (held,), dtype, pass_, weight.module, cause))
+            axes = tuple(a for a in axes if a not in before)
+    if not axes:
+        return tuple(rows)
     # Only the layer stack is rematerialised: a weight outside it (the logits projection, the final norm)
     # keeps its gathered copy for the backward pass.
     passes = ("forward", "backward") if remat and weight.stacked else ("forward",)
-    return tuple(_per_layer("all-gather", weight, axes, pass_, cause, dtype) for pass_ in passes)
+    return (*rows, *(_per_layer("all-gather", weight, axes, pass_, cause, dtype) for pass_ in passes))
+
+
+@dataclass(frozen=True)
+class GatheredOnce:
+    """A pipeline that gathers its stack's weights over `axes` once, before its schedule
+    (`pipeline.fsdp_gather_once`), and how the compiled step sums their gradient over those axes.
+
+    `carried`: the dtype a TPU program with Auto axes sums it in, after carrying the partial sums through
+    the schedule: once per round of a circular schedule, for the two blocks of layers each round's steps pick
+    between (`rounds`: the repeats), once for the stack otherwise. None: summed at every step, as over any
+    token axis (a CPU program; Explicit axes, whose types make every step's gradient whole), in `per_step`
+    (a TPU program's: the matmul's output type, None: the gradient's)."""
+
+    axes: tuple[str, ...] = ()
+    carried: str | None = None
+    rounds: int = 1
+    per_step: str | None = None
+    zero1: tuple[str, ...] = ()  # ZeRO-1's axis: every weight gathered over it once per step, as above
 
 
 def gradient_sum(
-    plan: Plan, weight: Weight, batch: tuple[str, ...], batch_rules: tuple[RuleCause, ...], dtype: str
+    plan: Plan,
+    weight: Weight,
+    batch: tuple[str, ...],
+    batch_rules: tuple[RuleCause, ...],
+    dtype: str,
+    once: GatheredOnce | None = None,
 ) -> tuple[CollectiveRow, ...]:
     """The all-reduce of the weight's per-layer gradient over the token axes. Not over the axes it stays split
     on (an expert's tokens came to its devices; a tensor-parallel slice sees every token), nor over pipeline
-    stages (each stage owns its layers), nor over axes its input is gathered over (`input_token_axes`)."""
+    stages (each stage owns its layers), nor over axes its input is gathered over (`input_token_axes`).
+    `once`: the pipeline's weights gathered before its schedule, which its layers use whole over those axes."""
     tokens = set(batch) & input_token_axes(plan, weight, batch)
     axes = in_mesh_order(plan, tokens - set(weight.kept_axes) - set(weight.stack_axes))
     if not axes:
@@ -54,16 +99,34 @@ def gradient_sum(
     cause = Cause(
         tensors=(f"grads/{weight.path}",), consumer=f"{weight.module}/dot_general", line=None, rules=batch_rules
     )
+    once = once if once is not None else GatheredOnce()
+    # A pipeline's once-gathered axes are its stack's weights'; ZeRO-1's axis is every weight's.
+    whole_over = set(once.zero1) | (set(once.axes) if weight.stack_axes else set())
+    after = in_mesh_order(plan, set(axes) & whole_over) if weight.stack_axes else ()
+    rows: list[CollectiveRow] = []
+    if after and once.carried is not None:
+        count, trips = (2 * weight.per_trip, once.rounds) if once.rounds > 1 else (_stage_layers(weight), 1)
+        rows.append(
+            collective_row(
+                "all-reduce", after, weight.layer_shape, once.carried, "backward", weight.module, cause, count, trips
+            )
+        )
+        axes = tuple(a for a in axes if a not in after)
+        if not axes:
+            return tuple(rows)
+    elif after and once.per_step is not None:
+        dtype = once.per_step
     # Over the axes the weight is split on, the whole gradient is summed and each device keeps its shard;
     # over the batch axes it is not split on (pure data parallelism for this weight), only that shard is
     # summed, as the compiled goldens do it.
-    split = tuple(a for a in axes if a in weight.gathered_axes)
+    split = tuple(a for a in axes if a in weight.gathered_axes and a not in whole_over)
     rest = tuple(a for a in axes if a not in split)
     if not split or not rest:
-        return (_per_layer("all-reduce", weight, axes, "backward", cause, dtype),)
+        return (*rows, _per_layer("all-reduce", weight, axes, "backward", cause, dtype))
     sizes = mesh_sizes(plan)
     shard = (max(1, math.prod(weight.layer_shape) // math.prod(sizes[a] for a in split)),)
     return (
+        *rows,
         _per_layer("all-reduce", weight, split, "backward", cause, dtype),
         layer_row("all-reduce", weight, rest, shard, dtype, "backward", cause),
     )
@@ -91,6 +154,12 @@ def input_token_axes(plan: Plan, weight: Weight, batch: tuple[str, ...]) -> set[
     if record is None:
         return set(batch)
     return {axis for entry in record.spec[:-1] for axis in entry_axes(entry)}
+
+
+def _stage_layers(weight: Weight) -> int:
+    """Layers of the weight's stack one device holds (a pipeline stage's)."""
+    logical = weight.record.logical or (None,) * len(weight.record.shape)
+    return math.prod(size for size, name in zip(weight.record.shard_shape, logical, strict=False) if is_stack_dim(name))
 
 
 def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause, dtype: str) -> CollectiveRow:
