@@ -299,3 +299,65 @@ def test_a_pallas_attention_kernel_is_the_kernel_with_the_flops_its_shapes_and_c
     assert sum(entry.flops for entry in kernel) == round((2 + 4) * one_matmul * 10 / 16)
     assert all(entry.bytes == 0 for entry in kernel)
     assert sum(entry.ops for entry in bins if entry.kind == "memory") == 1  # other_kernel.1
+
+
+# A TPU program's generic async wrappers: a prefetch of a slice into vector memory, and an offloaded
+# stack read back from host memory one layer at a time.
+ASYNC_WRAPPED = """HloModule wrapped
+
+%prefetch (source: s8[4096]) -> s8[1024] {
+  %source = s8[4096]{0} parameter(0)
+  ROOT %piece = s8[1024]{0:S(1)} slice(%source), slice={[0:1024]}
+}
+
+%reload (stack: f32[8,128], i: s32[]) -> f32[1,128] {
+  %stack = f32[8,128]{1,0:S(5)} parameter(0)
+  %i = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %layer = f32[1,128]{1,0} dynamic-slice(%stack, %i, %zero), dynamic_slice_sizes={1,128}
+}
+
+ENTRY main {
+  buffer = s8[4096]{0} parameter(0)
+  stack = f32[8,128]{1,0:S(5)} parameter(1)
+  three = s32[] constant(3)
+  slice-start = ((s8[4096]{0}), s8[1024]{0:S(1)}, s32[]) async-start(buffer), calls=%prefetch
+  slice-done = s8[1024]{0:S(1)} async-done(slice-start)
+  reload-start = ((f32[8,128]{1,0:S(5)}, s32[]), f32[1,128]{1,0}, s32[]) async-start(stack, three), calls=%reload
+  reload-done = f32[1,128]{1,0} async-done(reload-start)
+  ROOT out = (s8[1024]{0:S(1)}, f32[1,128]{1,0}) tuple(slice-done, reload-done)
+}
+"""
+
+
+def test_an_async_wrapper_accesses_what_the_op_it_wraps_does():
+    # The prefetch reads its 1 KiB slice of HBM (the result is in vector memory), not the 4 KiB source; the
+    # reload is a host transfer of one layer, not HBM traffic of the stack; the computations they call are
+    # not counted a second time.
+    bins = work_profile(read_module(ASYNC_WRAPPED))
+    (host,) = [entry for entry in bins if entry.kind == "host"]
+    assert host.bytes == 128 * 4
+    memory = [entry for entry in bins if entry.kind == "memory"]
+    assert sum(entry.bytes for entry in memory) == 1024 and sum(entry.ops for entry in memory) == 1
+
+
+# The TPU compiler sinks the constant the stand-in's masked scores start from out of the rematerialised
+# call and names it after the call: a broadcast only kernel ops read.
+KERNEL_ZEROS = """HloModule kernel_zeros
+
+ENTRY main {
+  q = f32[128,64]{1,0} parameter(0)
+  k = f32[128,64]{1,0} parameter(1)
+  zero = f32[] constant(0)
+  zeros = f32[128,128]{1,0} broadcast(zero), dimensions={}, metadata={op_name="jit(step)/while/body/closed_call"}
+  scores = f32[128,128]{1,0} dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={1},
+    metadata={op_name="jit(step)/attention/flash_attention/dot_general"}
+  ROOT masked = f32[128,128]{1,0} maximum(scores, zeros), metadata={op_name="jit(step)/attention/flash_attention/max"}
+}
+"""
+
+
+def test_a_broadcast_only_the_kernel_reads_is_the_kernels():
+    bins = work_profile(read_module(KERNEL_ZEROS))
+    assert [entry.kind for entry in bins] == ["kernel"] * len(bins)
+    assert sum(entry.ops for entry in bins) == 3  # the dot, the max, and the broadcast they read

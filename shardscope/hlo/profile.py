@@ -37,8 +37,15 @@ from dataclasses import dataclass
 from shardscope.hlo.executions import Program
 from shardscope.hlo.metadata import pass_of, split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
-from shardscope.hlo.shapes import shape_info
-from shardscope.hlo.work import NO_ACCESS, fused_computations, fusion_bytes, instruction_bytes, instruction_flops
+from shardscope.hlo.shapes import async_start_output, shape_info
+from shardscope.hlo.work import (
+    NO_ACCESS,
+    fused_computations,
+    fusion_bytes,
+    instruction_bytes,
+    instruction_flops,
+    wrapped_opcode,
+)
 
 __all__ = ["GROUPED_SCOPE", "KERNEL_SCOPE", "KINDS", "WorkBin", "work_profile"]
 
@@ -85,18 +92,19 @@ def _op_name(instruction: Instruction) -> str:
     return match.group(1) if match else ""
 
 
-def _host_bytes(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
-    """Bytes an op moves between host memory and HBM, or None when it touches no host buffer."""
+def _host_bytes(instruction: Instruction, operand_shapes: Sequence[str], wrapped: str | None = None) -> int | None:
+    """Bytes an op moves between host memory and HBM, or None when it touches no host buffer (`wrapped`: the
+    op a generic `async-start` runs)."""
     if HOST_MEMORY not in instruction.shape and not any(HOST_MEMORY in s for s in operand_shapes):
         return None
-    opcode = instruction.opcode.removesuffix("-start")
+    opcode = wrapped or instruction.opcode.removesuffix("-start")
     if opcode == "dynamic-update-slice" and len(operand_shapes) >= 2:
         return shape_info(operand_shapes[1])[2]  # the update crosses, the host buffer stays
     if opcode in ("dynamic-slice", "slice"):
         result = instruction.shape
-        if result.startswith("("):  # an async start's (operands, result, context) tuple
-            return None
-        return shape_info(result)[2]
+        if result.startswith("("):  # an async start's ((operands), result, context): the result
+            result = async_start_output(result, opcode)
+        return None if result.startswith("(") else shape_info(result)[2]
     if opcode == "copy":
         return shape_info(operand_shapes[0])[2] if operand_shapes else None
     return None
@@ -106,7 +114,7 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
     """Matrix-unit FLOPs of one execution: a dot or convolution, or those a fusion runs inside."""
     if instruction.opcode in _MATRIX_OPS:
         return instruction_flops(instruction, operand_shapes)
-    if instruction.opcode != "fusion":
+    if instruction.opcode not in ("fusion", "async-start"):
         return 0
     total = 0
     for attribute, callee in instruction.callees():
@@ -184,6 +192,15 @@ def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
             if other in unnamed and other not in kernel:
                 kernel.add(other)
                 pending.append(other)
+    # A constant broadcast to a block of scores only kernel ops read (the TPU compiler names it after the
+    # rematerialised call it sank out of, not the kernel) is the kernel's too: a flash kernel has no such buffer.
+    users: dict[str, list[str]] = defaultdict(list)
+    for i in instructions:
+        for operand in i.operands:
+            users[operand].append(i.name)
+    for i in instructions:
+        if i.opcode == "broadcast" and users[i.name] and all(u in kernel for u in users[i.name]):
+            kernel.add(i.name)
     return kernel
 
 
@@ -195,7 +212,8 @@ def _classify(
     opcode = instruction.opcode
     if opcode in NO_ACCESS or opcode.endswith(ASYNC_ENDS) or opcode == "tuple":
         return None
-    host = _host_bytes(instruction, operand_shapes)
+    wrapped = wrapped_opcode(program, instruction)
+    host = _host_bytes(instruction, operand_shapes, wrapped)
     if host is not None:
         return "host", 0, host
     if COLLECTIVE_LIKE.match(opcode) is not None:
@@ -209,7 +227,7 @@ def _classify(
     if opcode == "fusion":
         nbytes = fusion_bytes(program, instruction, operand_shapes)
     else:
-        nbytes = instruction_bytes(instruction, operand_shapes)
+        nbytes = instruction_bytes(instruction, operand_shapes, wrapped)
     if not flops:
         return "memory", 0, nbytes
     return ("grouped" if _grouped(program, instruction) else "matmul"), flops, nbytes

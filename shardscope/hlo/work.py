@@ -109,14 +109,17 @@ def instruction_flops(instruction: Instruction, operand_shapes: Sequence[str], r
     return 0
 
 
-def instruction_bytes(instruction: Instruction, operand_shapes: Sequence[str]) -> int:
-    """Bytes one execution of an instruction reads and writes in HBM (0 for ops that move none)."""
+def instruction_bytes(instruction: Instruction, operand_shapes: Sequence[str], wrapped: str | None = None) -> int:
+    """Bytes one execution of an instruction reads and writes in HBM (0 for ops that move none). `wrapped`:
+    the op a generic `async-start` runs (its computation's root: `wrapped_opcode`), which it accesses as."""
     opcode = instruction.opcode
     if opcode in NO_ACCESS or opcode.endswith(ASYNC_ENDS):
         return 0
     if opcode == "tuple":
         return POINTER_BYTES * len(split_outside_brackets(instruction.shape.strip()[1:-1], ","))
     opcode, result_shape = started_op(instruction)
+    if opcode == "async" and wrapped:
+        opcode = wrapped
     result = hbm_bytes(result_shape)
     if opcode in ("dynamic-slice", "slice"):
         # Reads the slice (where the source is in HBM) and writes it (where the result is).
@@ -127,6 +130,18 @@ def instruction_bytes(instruction: Instruction, operand_shapes: Sequence[str]) -
         update = hbm_bytes(operand_shapes[1])
         return update + (shape_info(operand_shapes[1])[2] if hbm_bytes(operand_shapes[0]) else 0)
     return result + sum(hbm_bytes(s) for s in operand_shapes)
+
+
+def wrapped_opcode(program: Program, instruction: Instruction) -> str | None:
+    """The op a generic `async-start` wraps (the root of the computation it calls: a TPU program's
+    prefetching `slice`, an offload's `dynamic-update-slice`), or None for any other instruction."""
+    if instruction.opcode != "async-start":
+        return None
+    for attribute, callee in instruction.callees():
+        if attribute == "calls":
+            root = next((i for i in program.instructions(callee) if i.is_root), None)
+            return None if root is None else root.opcode
+    return None
 
 
 def started_op(instruction: Instruction) -> tuple[str, str]:
@@ -142,11 +157,12 @@ def started_op(instruction: Instruction) -> tuple[str, str]:
 
 
 def fused_computations(program: Program, runs: Mapping[str, int | None]) -> set[str]:
-    """Computations that run inside a fusion (their bytes are the fusion's)."""
+    """Computations that run inside a fusion or a generic async wrapper (their bytes are the fusion's, the
+    wrapper's: `wrapped_opcode`)."""
     fused: set[str] = set()
     for name in runs:
         for instruction in program.instructions(name):
-            if instruction.opcode == "fusion":
+            if instruction.opcode in ("fusion", "async-start"):
                 fused.update(callee for attribute, callee in instruction.callees() if attribute == "calls")
     return fused
 
@@ -271,7 +287,7 @@ def step_work(module: Module) -> StepWork:
             if instruction.opcode == "fusion":
                 one_bytes += fusion_bytes(program, instruction, operand_shapes)
             else:
-                one_bytes += instruction_bytes(instruction, operand_shapes)
+                one_bytes += instruction_bytes(instruction, operand_shapes, wrapped_opcode(program, instruction))
         flops += count * one_flops
         matmul += count * one_matmul
         accessed += count * one_bytes
