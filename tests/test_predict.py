@@ -107,14 +107,15 @@ def test_dump_predicted_with_tensors_only_is_a_one_line_error(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "--predicted" in result.stderr
 
 
-def test_token_lookup_of_seed_003_runs_matches_their_tpu_compiles():
-    # Seed 003's ids are split over the stages and the batch axis, the table over the batch axis only: the
-    # whole table's gradient is summed over both (500 MiB), as each TPU compile has it, the FSDP runs
-    # because the ids are tiled stage-first, the ZeRO-1 runs because the table is fewer bytes than every
-    # token's gradient. Before, neither was predicted.
+def test_seed_003_tpu_compiles_traffic_per_axis_within_ten_percent():
+    # Seed 003's four TPU compiles (v5p-8; pipeline_fsdp_ag_once; FSDP or ZeRO-1; Auto or Explicit): the
+    # weights gathered once (over fsdp before the schedule, over data after ZeRO-1's update), their gradients
+    # summed per round (Auto: carried through the schedule) or at every step (Explicit, in bfloat16), and the
+    # embedding table's gradient summed over the stages and the batch axis. Measured: all within 5%.
     plans = ROOT / "benchmarks" / "plans"
-    for name, axes in (("seed003-fsdp-pp-auto", ("stage", "fsdp")), ("seed003-zero1-pp-auto", ("data", "stage"))):
-        compiled = plan_from_json((plans / f"{name}.tpu.json").read_text())
-        errors = {e.axes: e for e in axes_errors(compiled, predicted_plan(tensors_only(compiled)))}
-        entry = errors[axes]
-        assert entry.compiled > 0 and entry.error is not None and abs(entry.error) < 0.01, (name, entry)
+    for name in ("fsdp-pp-auto", "fsdp-pp-explicit", "zero1-pp-auto", "zero1-pp-explicit"):
+        compiled = plan_from_json((plans / f"seed003-{name}.tpu.json").read_text())
+        errors = axes_errors(compiled, predicted_plan(tensors_only(compiled)))
+        assert len([e for e in errors if e.compiled]) >= 3, name
+        for entry in errors:
+            assert entry.compiled > 0 and entry.error is not None and abs(entry.error) < 0.10, (name, entry)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, RuleCause
-from shardscope.predict.layout import Weight, collective_row, in_mesh_order, is_stack_dim, layer_row, mesh_sizes
+from shardscope.predict.layout import Weight, collective_row, in_mesh_order, layer_row, mesh_sizes
 from shardscope.predict.rules import rules_on
 
 WEIGHT_USE = "/dot_general"  # the consumer a weight's gather and gradient sum name (`<module>/dot_general`)
@@ -64,8 +64,9 @@ def weight_gathers(
 
 @dataclass(frozen=True)
 class GatheredOnce:
-    """A pipeline that gathers its stack's weights over `axes` once, before its schedule
-    (`pipeline.fsdp_gather_once`), and how the compiled step sums their gradient over those axes.
+    """Weights gathered once per step rather than in every layer: a pipeline's stack over `axes`, before
+    its schedule (`pipeline.fsdp_gather_once`), and every weight over ZeRO-1's axis (`zero1`); and how the
+    compiled step sums their gradient over those axes.
 
     `carried`: the dtype a TPU program with Auto axes sums it in, after carrying the partial sums through
     the schedule: once per round of a circular schedule, for the two blocks of layers each round's steps pick
@@ -77,7 +78,7 @@ class GatheredOnce:
     carried: str | None = None
     rounds: int = 1
     per_step: str | None = None
-    zero1: tuple[str, ...] = ()  # ZeRO-1's axis: every weight gathered over it once per step, as above
+    zero1: tuple[str, ...] = ()
 
 
 def gradient_sum(
@@ -91,7 +92,7 @@ def gradient_sum(
     """The all-reduce of the weight's per-layer gradient over the token axes. Not over the axes it stays split
     on (an expert's tokens came to its devices; a tensor-parallel slice sees every token), nor over pipeline
     stages (each stage owns its layers), nor over axes its input is gathered over (`input_token_axes`).
-    `once`: the pipeline's weights gathered before its schedule, which its layers use whole over those axes."""
+    `once`: weights gathered once per step, which the layers use whole over those axes."""
     tokens = set(batch) & input_token_axes(plan, weight, batch)
     axes = in_mesh_order(plan, tokens - set(weight.kept_axes) - set(weight.stack_axes))
     if not axes:
@@ -105,7 +106,8 @@ def gradient_sum(
     after = in_mesh_order(plan, set(axes) & whole_over) if weight.stack_axes else ()
     rows: list[CollectiveRow] = []
     if after and once.carried is not None:
-        count, trips = (2 * weight.per_trip, once.rounds) if once.rounds > 1 else (_stage_layers(weight), 1)
+        # Each round's steps pick between two blocks of `per_trip` layers; without rounds, a trip is the stage.
+        count, trips = (2 * weight.per_trip, once.rounds) if once.rounds > 1 else (weight.per_trip, 1)
         rows.append(
             collective_row(
                 "all-reduce", after, weight.layer_shape, once.carried, "backward", weight.module, cause, count, trips
@@ -154,12 +156,6 @@ def input_token_axes(plan: Plan, weight: Weight, batch: tuple[str, ...]) -> set[
     if record is None:
         return set(batch)
     return {axis for entry in record.spec[:-1] for axis in entry_axes(entry)}
-
-
-def _stage_layers(weight: Weight) -> int:
-    """Layers of the weight's stack one device holds (a pipeline stage's)."""
-    logical = weight.record.logical or (None,) * len(weight.record.shape)
-    return math.prod(size for size, name in zip(weight.record.shard_shape, logical, strict=False) if is_stack_dim(name))
 
 
 def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause, dtype: str) -> CollectiveRow:
