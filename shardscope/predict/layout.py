@@ -163,12 +163,12 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
     kept: set[str] = set()
     stack: set[str] = set()
     # ZeRO-1 may store a stack split over its axis on the layers dimension: gathered back, not a stage split.
-    over = case.preset.shard_optimizer_over if case is not None else None
+    zero1 = set(zero1_axes(plan, case))
     for name, size, entry, local in zip(logical, record.shape, record.spec, record.shard_shape, strict=False):
         axes = set(entry_axes(entry))
         if is_stack_dim(name):
             # A stage-sharded stack: each stage loops over its own layers only.
-            stored = axes & {over}
+            stored = axes & zero1
             trips *= local * math.prod(dict(plan.case.mesh).get(a, 1) for a in stored) if axes else size
             stack |= axes - stored
             split |= stored
@@ -199,6 +199,13 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
         kept_axes=in_mesh_order(plan, kept),
         stack_axes=in_mesh_order(plan, stack),
     )
+
+
+def zero1_axes(plan: Plan, case: Case | None) -> tuple[str, ...]:
+    """ZeRO-1's axis (`shard_optimizer_over`) where it splits anything: the step gathers every weight back
+    over it once, before the model runs."""
+    over = case.preset.shard_optimizer_over if case is not None else None
+    return (over,) if over is not None and dict(plan.case.mesh).get(over, 1) > 1 else ()
 
 
 def pipeline_trips(layers: int, stack: set[str], case: Case | None, sizes: dict[str, int]) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import Weight, collective_row, in_mesh_order, is_stack_dim, mesh_sizes
+from shardscope.predict.layout import Weight, collective_row, in_mesh_order, is_stack_dim, mesh_sizes, zero1_axes
 
 EXPLICIT = "explicit"  # a plan's axis_types when its mesh axes are Explicit
 
@@ -74,15 +74,8 @@ def pipeline_collectives(
             rows.append(collective_row("all-gather", closed, shape, dtype, pass_, module, cause))
     for weight in every:
         if weight.stack_axes:
-            rows += _weight_edge(plan, weight, sizes, (*pipeline.gathered_once, *_zero1(case)))
+            rows += _weight_edge(plan, weight, sizes, (*pipeline.gathered_once, *zero1_axes(plan, case)))
     return tuple(rows)
-
-
-def _zero1(case: Case) -> tuple[str, ...]:
-    """ZeRO-1's axis: the step gathers the weights back over it before the model runs (nothing left for the
-    edge)."""
-    over = case.preset.shard_optimizer_over
-    return (over,) if over is not None else ()
 
 
 def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int], once: tuple[str, ...]) -> list[CollectiveRow]:

@@ -15,7 +15,7 @@ from shardscope.plan.records import CollectiveRow, RuleCause
 from shardscope.predict.activations import tensor_parallel_sums
 from shardscope.predict.context import context_attention
 from shardscope.predict.embedding import lookup_collectives
-from shardscope.predict.layout import Placement, dot_operand_dtype, moved_dtype, placement_of
+from shardscope.predict.layout import Placement, dot_operand_dtype, moved_dtype, placement_of, zero1_axes
 from shardscope.predict.moe import expert_partial_sums, expert_token_sums, moe_exchanges
 from shardscope.predict.pipeline import pipeline_collectives
 from shardscope.predict.rules import preset_moe, preset_rules, rules_on
@@ -65,8 +65,7 @@ def predict_collectives(
     on_tpu = dict(plan.provenance).get("backend") == "tpu"
     pipeline = case.preset.pipeline if case is not None else None
     once = pipeline.gathered_once if pipeline is not None else ()
-    over = case.preset.shard_optimizer_over if case is not None else None
-    zero1 = (over,) if over is not None and dict(plan.case.mesh).get(over, 1) > 1 else ()
+    zero1 = zero1_axes(plan, case)
     summed_once = None
     if (once or zero1) and case is not None:
         auto = plan.case.axis_types != "explicit"
