@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -119,3 +120,39 @@ def test_seed_003_tpu_compiles_traffic_per_axis_within_ten_percent():
         assert len([e for e in errors if e.compiled]) >= 3, name
         for entry in errors:
             assert entry.compiled > 0 and entry.error is not None and abs(entry.error) < 0.10, (name, entry)
+
+
+def test_real_size_tpu_compiles_traffic_per_axis_within_ten_percent():
+    # Default-preset TPU compiles of real-size MoE models (tests/data/compiled, written by
+    # `shardscope dump MODEL --topology T -o FILE` with libtpu) and every TPU-route plan of MaxText's
+    # published runs (benchmarks/plans). Mixtral-8x7B on v5p-128 regathers each attention projection twice
+    # in the backward pass (for the recomputed matmul and for its input gradient): predicted once, its
+    # fsdp+expert traffic was 22.6% short. Measured: every axis within 5%.
+    compiled_dir = Path(__file__).resolve().parent / "data" / "compiled"
+    paths = [*sorted(compiled_dir.glob("*.tpu.json")), *sorted((ROOT / "benchmarks" / "plans").glob("*.tpu.json"))]
+    assert len(paths) >= 15
+    for path in paths:
+        compiled = plan_from_json(path.read_text())
+        for entry in axes_errors(compiled, predicted_plan(tensors_only(compiled))):
+            assert entry.compiled > 0 and entry.error is not None and abs(entry.error) < 0.10, (path.name, entry)
+
+
+def test_a_tpu_program_regathers_recomputed_attention_projections_twice():
+    # The same placement predicted for a TPU program and for a CPU one: only the TPU's backward pass gathers a
+    # stacked attention projection twice; the experts' weights (gathered where the MoE block constrains
+    # them) once on both.
+    path = Path(__file__).resolve().parent / "data" / "compiled" / "mixtral-8x7b_v5p-128_default.tpu.json"
+    tpu = predicted_plan(tensors_only(plan_from_json(path.read_text())))
+    cpu_plan = plan_from_json(path.read_text())
+    cpu_plan = dataclasses.replace(
+        cpu_plan, provenance=(*((k, v) for k, v in cpu_plan.provenance if k != "backend"), ("backend", "cpu"))
+    )
+    cpu = predicted_plan(tensors_only(cpu_plan))
+
+    def backward_gathers(plan, leaf):
+        rows = [r for r in plan.collectives if r.op == "all-gather" and r.pass_ == "backward" and r.cause]
+        return sum(r.count for r in rows if r.cause.tensors[0].endswith(leaf))
+
+    assert backward_gathers(tpu, "self_attention/query/kernel") == 2
+    assert backward_gathers(cpu, "self_attention/query/kernel") == 1
+    assert backward_gathers(tpu, "MoeBlock_0/wi_0") == backward_gathers(cpu, "MoeBlock_0/wi_0") == 1

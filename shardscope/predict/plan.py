@@ -20,11 +20,14 @@ from shardscope.predict.moe import expert_partial_sums, expert_token_sums, moe_e
 from shardscope.predict.pipeline import pipeline_collectives
 from shardscope.predict.rules import preset_moe, preset_rules, rules_on
 from shardscope.predict.weights import GatheredOnce, gradient_sum, weight_gathers
-from shardscope.predict.work import expert_slots, predicted_work
+from shardscope.predict.work import expert_slots, kept_outputs, predicted_work, recomputed
 
 PREDICTED = "predicted"  # the provenance key a predicted plan carries (value True)
 PREDICTED_PARTS = ("tensors", "collectives")
 _PASS_ORDER = {"forward": 0, "backward": 1, "optimizer": 2, "other": 3}
+
+
+_ATTENTION = "/self_attention/"
 
 
 def remat_on(plan: Plan) -> bool:
@@ -66,6 +69,7 @@ def predict_collectives(
     pipeline = case.preset.pipeline if case is not None else None
     once = pipeline.gathered_once if pipeline is not None else ()
     zero1 = zero1_axes(plan, case)
+    saved = kept_outputs(case)
     summed_once = None
     if (once or zero1) and case is not None:
         auto = plan.case.axis_types != "explicit"
@@ -77,7 +81,13 @@ def predict_collectives(
         dtype = moved_dtype(weight.record.dtype, case)
         # A TPU program narrows a float32 weight with head or expert dimensions before gathering it.
         gathered = dot_operand_dtype(dtype) if on_tpu and len(weight.layer_shape) > 2 else dtype
-        rows.extend(weight_gathers(plan, weight, rules, remat, gathered, once, zero1))
+        # In a layer loop, a TPU program gathers an attention projection whose matmul the backward pass runs
+        # again twice there: for that matmul and for its input gradient's. Seen on every TPU compile with
+        # such projections: all of Mixtral's and DeepSeek's, Llama's query and key (its value and output
+        # projections once: a scheduling choice not visible before compiling; counted twice).
+        looped = weight.loop_trips > 1
+        twice = on_tpu and looped and _ATTENTION in weight.module and recomputed(weight, saved)
+        rows.extend(weight_gathers(plan, weight, rules, remat, gathered, once, zero1, 2 if twice else 1))
         rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype, summed_once))
     if case is not None:
         rows.extend(tensor_parallel_sums(plan, every, found.tokens, case.model.dtype, remat))

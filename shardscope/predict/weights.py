@@ -9,6 +9,7 @@ axis is what the prediction keeps).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,13 +30,14 @@ def weight_gathers(
     dtype: str,
     once: tuple[str, ...] = (),
     zero1: tuple[str, ...] = (),
+    regathers: int = 1,
 ) -> tuple[CollectiveRow, ...]:
     """The forward all-gather of the weight's per-layer slice over the axes that split it, and with remat (in
-    a layer stack) the same again in the backward pass; () for a weight no axis splits (expert dims stay
-    split). `dtype`: what travels (`layout.moved_dtype`). Gathered whole once per step instead: over `once`,
-    the axes a pipeline gathers its stack's weights over before its schedule (`pipeline.fsdp_gather_once`),
-    and over `zero1`, the axis ZeRO-1 stores every weight split on and the step gathers it back from (the
-    TPU compiles name that gather the optimizer's: it is the updated weights')."""
+    a layer stack) the same again in the backward pass, `regathers` times; () for a weight no axis splits
+    (expert dims stay split). `dtype`: what travels (`layout.moved_dtype`). Gathered whole once per step
+    instead: over `once`, the axes a pipeline gathers its stack's weights over before its schedule
+    (`pipeline.fsdp_gather_once`), and over `zero1`, the axis ZeRO-1 stores every weight split on and the
+    step gathers it back from (the TPU compiles name that gather the optimizer's: the updated weights')."""
     axes = weight.gathered_axes
     if not axes:
         return ()
@@ -58,8 +60,11 @@ def weight_gathers(
         return tuple(rows)
     # Only the layer stack is rematerialised: a weight outside it (the logits projection, the final norm)
     # keeps its gathered copy for the backward pass.
-    passes = ("forward", "backward") if remat and weight.stacked else ("forward",)
-    return (*rows, *(_per_layer("all-gather", weight, axes, pass_, cause, dtype) for pass_ in passes))
+    rows.append(_per_layer("all-gather", weight, axes, "forward", cause, dtype))
+    if remat and weight.stacked:
+        again = _per_layer("all-gather", weight, axes, "backward", cause, dtype)
+        rows.append(dataclasses.replace(again, count=again.count * regathers))
+    return tuple(rows)
 
 
 @dataclass(frozen=True)

@@ -113,9 +113,15 @@ def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micr
         features = math.prod(shape[d] for d in inputs) + math.prod(shape[d] for d in outputs)
         io = tokens * features * itemsize if shape else 0
     weight_bytes = nbytes(shape, weight.record.dtype)
+    again = recomputed(weight, saved)
+    return _Use(flops, weight_bytes + io, weight.loop_trips, _bubble(case, weight, tokens, micro), again)
+
+
+def recomputed(weight: Weight, saved: frozenset[str]) -> bool:
+    """Whether the backward pass runs the weight's matmul again: its output's checkpoint name is not among
+    those the remat policy keeps (`kept_outputs`)."""
     leaf = weight.module.rsplit("/", 1)[-1]
-    kept = _CHECKPOINT_NAMES.get(leaf, "") in saved
-    return _Use(flops, weight_bytes + io, weight.loop_trips, _bubble(case, weight, tokens, micro), not kept)
+    return _CHECKPOINT_NAMES.get(leaf, "") not in saved
 
 
 def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
