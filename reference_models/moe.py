@@ -16,6 +16,12 @@ Two strategies run the experts, chosen by the preset's `moe` setting:
 The expert-parallel axes are the mesh axes of the placed weights' expert dimension; mesh axes on their
 hidden dimension (tensor parallelism) leave partial sums that are added over those axes. With capacity =
 local tokens the block is dropless and equals a single-device MoE exactly.
+
+How tokens enter their slots follows MaxText's matmul choice. With a capacity factor and no grouped kernel
+(MaxText's dense MoE, `sparse_matmul=false`), as MaxText's `generate_masks` and dispatch/combine einsums
+do: each sequence has its own capacity per expert, its choices beyond it dropped, and one-hot masks carry
+tokens into slots and back on the matrix units. Otherwise (dropless, or the grouped kernel's capacity
+factor 1) the slots are filled by a scatter over all the device's tokens and read back by a gather.
 """
 
 from __future__ import annotations
@@ -91,6 +97,11 @@ def _capacity(tokens: int, k: int, experts: int, factor: float | None) -> int:
     if factor is None:
         return tokens  # a token picks an expert at most once
     return max(1, min(tokens, math.ceil(tokens * k / experts * factor)))
+
+
+def row_capacity(seq: int, k: int, experts: int, factor: float) -> int:
+    """Slots per expert for one sequence, as MaxText's dense MoE computes them (`generate_masks`)."""
+    return int(max(math.ceil(seq * k / experts) * factor, factor))
 
 
 @dataclass(frozen=True)
@@ -194,16 +205,67 @@ def _from_slots(out, dest, weights):
     return combined.reshape(count, k, embed).sum(axis=1)
 
 
+def _dispatch_masks(weights, ids, first_expert, num_experts, capacity):
+    """MaxText's dense MoE (`generate_masks`): for experts [first, first + num), each sequence's choices are
+    counted per expert in order, those beyond `capacity` dropped; returns the combine mask [batch, seq,
+    experts, capacity] (the routing weight at the choice's slot) and the dispatch mask (where it is non-zero).
+    """
+    batch, seq, k = ids.shape
+    # Choices of other experts one-hot to zeros (an index outside [0, num) has no class).
+    expert_mask = jax.nn.one_hot(ids - first_expert, num_experts, dtype=jnp.int32)  # [b, s, k, experts]
+    fused = expert_mask.reshape(batch, seq * k, num_experts)
+    count = jnp.cumsum(fused, axis=1)  # each choice's 1-based position among its expert's, per sequence
+    kept = jnp.sum(expert_mask * (count.reshape(expert_mask.shape) <= capacity), axis=2)  # [b, s, experts]
+    routing = jnp.sum(expert_mask * weights[..., None], axis=2) * kept
+    position = jnp.sum((fused * count).reshape(expert_mask.shape), axis=2) * kept
+    in_capacity = jax.nn.one_hot(position, capacity + 1, dtype=jnp.int32)[..., 1:]  # position 0: not routed
+    combine = routing[..., None] * in_capacity
+    return combine, (combine != 0)
+
+
+def _dense_dispatch(x, weights, ids, first_expert, num_experts, layout: ExpertLayout):
+    """MaxText's dense dispatch (`sparse_matmul=false` with a capacity factor): one-hot einsums on the
+    matrix units; returns the slots [experts, batch × capacity, embed] and the combine mask."""
+    batch, seq, embed = x.shape
+    capacity = row_capacity(seq, ids.shape[-1], layout.num_experts, layout.capacity_factor or 1.0)
+    combine, dispatch = _dispatch_masks(weights, ids, first_expert, num_experts, capacity)
+    with jax.named_scope("dispatch"):
+        slots = jnp.einsum("bsm,bsec->ebcm", x, dispatch.astype(x.dtype))
+    return slots.reshape(num_experts, batch * capacity, embed), combine
+
+
+def _dense_combine(out, combine):
+    """The experts' outputs [experts, batch × capacity, embed] weighted back into [batch, seq, embed]."""
+    batch, _, experts, capacity = combine.shape
+    out = out.reshape(experts, batch, capacity, out.shape[-1])
+    with jax.named_scope("combine"):
+        return jnp.einsum("ebcm,bsec->bsm", out, combine.astype(out.dtype))
+
+
+def _dense(layout: ExpertLayout) -> bool:
+    """Whether the block dispatches as MaxText's dense MoE does: a capacity factor, no grouped kernel."""
+    return layout.capacity_factor is not None and not layout.grouped
+
+
 def all_to_all_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
     """Per device: tokens to expert slots, all-to-all to the experts' devices, experts, all-to-all back."""
     batch, seq, embed = x.shape
     k = ids.shape[-1]
-    capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
-    slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, 0, layout.num_experts, capacity)
+    if _dense(layout):
+        slots, combine = _dense_dispatch(x, weights, ids, 0, layout.num_experts, layout)
+        capacity = slots.shape[1]
+
+        def combined_from(out):
+            return _dense_combine(out, combine)
+    else:
+        capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
+        slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, 0, layout.num_experts, capacity)
+
+        def combined_from(out):
+            return _from_slots(out, dest, weights.reshape(batch * seq, k)).reshape(batch, seq, embed)
+
     if layout.ep_size == 1:
-        return _from_slots(_experts(slots, wi_0, wi_1, wo, layout), dest, weights.reshape(batch * seq, k)).reshape(
-            batch, seq, embed
-        )
+        return combined_from(_experts(slots, wi_0, wi_1, wo, layout))
     local = layout.local_experts
     blocks = _exchange_blocks(layout)
     outgoing = slots.reshape(layout.ep_size, local, capacity, embed)[blocks]  # [peers, local, capacity, embed]
@@ -216,10 +278,10 @@ def all_to_all_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
     if layout.exchange_axes:
         back = jax.lax.all_to_all(back, _axis(layout.exchange_axes), 0, 0, tiled=True)
     full = jnp.zeros((layout.ep_size, local, capacity, embed), back.dtype).at[blocks].set(back)
-    combined = _from_slots(full.reshape(layout.num_experts, capacity, embed), dest, weights.reshape(batch * seq, k))
+    combined = combined_from(full.reshape(layout.num_experts, capacity, embed))
     if layout.sum_axes:
         combined = jax.lax.psum(combined, _axis(layout.sum_axes))
-    return combined.reshape(batch, seq, embed)
+    return combined
 
 
 def ring_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
@@ -230,11 +292,15 @@ def ring_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
         x, weights, ids = (jax.lax.all_gather(a, exchange, axis=0, tiled=True) for a in (x, weights, ids))
     batch, seq, embed = x.shape
     k = ids.shape[-1]
-    capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
     first = jax.lax.axis_index(_axis(layout.ep_axes)) * layout.local_experts
-    slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, first, layout.local_experts, capacity)
-    partial_out = _from_slots(_experts(slots, wi_0, wi_1, wo, layout), dest, weights.reshape(batch * seq, k))
-    partial_out = partial_out.reshape(batch, seq, embed)
+    if _dense(layout):
+        slots, combine = _dense_dispatch(x, weights, ids, first, layout.local_experts, layout)
+        partial_out = _dense_combine(_experts(slots, wi_0, wi_1, wo, layout), combine)
+    else:
+        capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
+        slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, first, layout.local_experts, capacity)
+        partial_out = _from_slots(_experts(slots, wi_0, wi_1, wo, layout), dest, weights.reshape(batch * seq, k))
+        partial_out = partial_out.reshape(batch, seq, embed)
     if layout.sum_axes:
         partial_out = jax.lax.psum(partial_out, _axis(layout.sum_axes))
     if exchange is None:

@@ -89,12 +89,29 @@ def microbatch_tokens(case: Case | None, tokens: int, sizes: dict[str, int], bat
     return sequences * case.model.seq_len
 
 
-def capacity(tokens: int, case: Case | None) -> int:
-    """Slots per expert for `tokens` candidate tokens (the MoE body's `_capacity`)."""
+def capacity(tokens: int, case: Case | None, seq: int | None = None) -> int:
+    """Slots per expert for `tokens` candidate tokens in sequences of `seq` (the MoE body's: per sequence
+    in MaxText's dense MoE, `row_capacity`; else over all of them, `_capacity`)."""
     if case is None or case.model.capacity_factor is None or not case.model.num_experts:
         return tokens
-    k, experts = case.model.num_experts_per_token, case.model.num_experts
-    return max(1, min(tokens, math.ceil(tokens * k / experts * case.model.capacity_factor)))
+    k, experts, factor = case.model.num_experts_per_token, case.model.num_experts, case.model.capacity_factor
+    if seq and dense_dispatch(case):
+        # lazy: reference_models imports JAX, which only a prediction needs here
+        from reference_models.moe import row_capacity
+
+        return max(1, tokens // seq) * row_capacity(seq, k, experts, factor)
+    return max(1, min(tokens, math.ceil(tokens * k / experts * factor)))
+
+
+def sequence_length(tokens: TensorRecord | None) -> int | None:
+    """A device's sequence length in a [batch, sequence, embed] activation (None for another shape)."""
+    return tokens.shard_shape[1] if tokens is not None and len(tokens.shard_shape) == 3 else None
+
+
+def dense_dispatch(case: Case | None) -> bool:
+    """Whether the case's MoE dispatches as MaxText's dense MoE (a capacity factor, no grouped kernel):
+    per-sequence capacity, tokens carried into slots and back by one-hot matmuls."""
+    return case is not None and case.model.capacity_factor is not None and case.model.expert_matmul != "grouped"
 
 
 def moved_dtype(weight_dtype: str, case: Case | None) -> str:

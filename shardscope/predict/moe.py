@@ -18,7 +18,7 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
-from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row
+from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row, sequence_length
 from shardscope.predict.rules import rules_on
 
 
@@ -70,7 +70,7 @@ def moe_exchanges(
             continue  # experts not split, or split on axes that do not split the tokens: no exchange
         num_experts = weight.record.shape[weight.record.logical.index("exp")]
         local_tokens = block.local_tokens
-        slots = (num_experts, capacity(local_tokens, case), inputs.shape[-1])
+        slots = (num_experts, capacity(local_tokens, case, sequence_length(inputs)), inputs.shape[-1])
         cause = Cause(
             tensors=(inputs_path,),
             consumer=f"{module}/all_to_all",

@@ -33,11 +33,13 @@ from shardscope.predict.layout import (
     Placement,
     Weight,
     capacity,
+    dense_dispatch,
     feature_dims,
     is_stack_dim,
     mesh_sizes,
     nbytes,
     placement_of,
+    sequence_length,
     stack_of,
 )
 
@@ -87,7 +89,7 @@ def expert_slots(plan: Plan, weight: Weight, case: Case | None, fallback: int) -
     split = {axis for entry in (inputs.spec[:-1] if inputs is not None else ()) for axis in entry_axes(entry)}
     sizes = mesh_sizes(plan)
     peers = math.prod(sizes[a] for a in weight.kept_axes if a in split)
-    return peers * capacity(local, case)
+    return peers * capacity(local, case, sequence_length(inputs))
 
 
 def _activation_itemsize(case: Case | None) -> int:
@@ -126,7 +128,8 @@ def recomputed(weight: Weight, saved: frozenset[str]) -> bool:
 
 def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
     """Each MoE block's token dispatch and combine: its slots [local experts, slots, embed] are zeroed,
-    scattered into, read by the first matmuls, and the outputs' slots gathered back (memory-bound)."""
+    scattered into, read by the first matmuls, and the outputs' slots gathered back (memory-bound). In
+    MaxText's dense MoE, two one-hot matmuls instead (`_dense_dispatch`)."""
     itemsize = _activation_itemsize(case)
     uses: list[_Use] = []
     for weight in every:
@@ -135,8 +138,37 @@ def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: 
         slots = expert_slots(plan, weight, case, tokens)
         embed = weight.layer_shape[1] if len(weight.layer_shape) >= 3 else 1
         slot_bytes = weight.layer_shape[0] * slots * embed * itemsize
-        uses.append(_Use(0.0, _DISPATCH_PASSES * slot_bytes, weight.loop_trips, _bubble(case, weight, tokens, micro)))
+        bubble = _bubble(case, weight, tokens, micro)
+        if dense_dispatch(case):
+            uses.extend(_dense_dispatch(plan, weight, case, tokens, slot_bytes, bubble))
+            continue
+        uses.append(_Use(0.0, _DISPATCH_PASSES * slot_bytes, weight.loop_trips, bubble))
     return uses
+
+
+def _dense_dispatch(
+    plan: Plan, weight: Weight, case: Case | None, tokens: int, slot_bytes: float, bubble: float
+) -> list[_Use]:
+    """MaxText's dense MoE: the tokens [batch, seq, embed] carried into the slots of every expert the mask
+    spans ([experts, batch, capacity, embed]) by one one-hot matmul and back by another, each 2 × tokens ×
+    experts × capacity × embed FLOPs; their masks [batch, seq, experts, capacity] in the activations' dtype.
+    The backward pass, recomputed forward included, runs twice their forward FLOPs (the compiled programs':
+    the masks need no gradient but the combine's routing weights do)."""
+    inputs = plan.tensor_map.get(f"activations/{weight.module}/inputs")
+    seq = sequence_length(inputs)
+    if inputs is None or seq is None or case is None:
+        return []
+    rows = math.prod(inputs.shard_shape[:-1])
+    per_row = capacity(seq, case, seq)
+    local_experts = weight.layer_shape[0]
+    experts = case.model.num_experts
+    if case.preset.moe == "ring" and local_experts < experts:
+        # The ring gathers its group's tokens and masks them for the local experts only.
+        rows, experts = expert_slots(plan, weight, case, tokens) // per_row * seq, local_experts
+    flops = 2.0 * rows * experts * per_row * inputs.shape[-1]
+    mask_bytes = rows * experts * per_row * _activation_itemsize(case)
+    use = _Use(flops, slot_bytes + 2 * mask_bytes, weight.loop_trips, bubble, recomputed=False)
+    return [use, use]  # the dispatch and the combine
 
 
 def _attention_uses(
@@ -237,7 +269,9 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
     matmuls += _attention_uses(plan, every, case, tokens, micro, "context" in saved)
     kernel = [_weight_use(plan, w, case, tokens, micro, saved) for w in experts]
-    elementwise = _elementwise(plan, every, case, tokens, micro) + _dispatch(plan, every, case, tokens, micro)
+    dispatch = _dispatch(plan, every, case, tokens, micro)
+    matmuls += [use for use in dispatch if use.flops]  # MaxText's dense MoE: one-hot matmuls
+    elementwise = _elementwise(plan, every, case, tokens, micro) + [use for use in dispatch if not use.flops]
     bins = _bins(matmuls, "matmul", remat) + _bins(kernel, "grouped", remat) + _bins(elementwise, "memory", remat)
     bins.append(WorkBin("memory", "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
     bins += _visit_gradients(plan, every, case)
