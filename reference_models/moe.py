@@ -162,7 +162,8 @@ def _exchange_blocks(layout: ExpertLayout) -> jax.Array:
 
 
 def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array, layout: ExpertLayout) -> jax.Array:
-    """SwiGLU experts on per-expert slots [experts, slots, embed]."""
+    """SwiGLU experts on per-expert slots [..., experts, slots, embed] (leading dims: the peers the slots
+    came from, kept apart so no transpose gathers them)."""
     dtype = tokens.dtype
 
     def grouped(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -171,9 +172,9 @@ def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array,
             return jnp.einsum(equation, x, w.astype(dtype))
 
     # Named as MaxText names them, for the remat policies (reference_models/remat.py).
-    gate = checkpoint_name(checkpoint_name(grouped("xce,xem->xcm", tokens, wi_0), "mlpwi_0"), "moe_mlpwi_0")
-    up = checkpoint_name(checkpoint_name(grouped("xce,xem->xcm", tokens, wi_1), "mlpwi_1"), "moe_mlpwi_1")
-    out = grouped("xcm,xme->xce", nn.silu(gate) * up, wo)
+    gate = checkpoint_name(checkpoint_name(grouped("...xce,xem->...xcm", tokens, wi_0), "mlpwi_0"), "moe_mlpwi_0")
+    up = checkpoint_name(checkpoint_name(grouped("...xce,xem->...xcm", tokens, wi_1), "mlpwi_1"), "moe_mlpwi_1")
+    out = grouped("...xcm,xme->...xce", nn.silu(gate) * up, wo)
     out = checkpoint_name(checkpoint_name(out, "mlpwo"), "moe_mlpwo")
     return jax.lax.psum(out, _axis(layout.tp_axes)) if layout.tp_axes else out
 
@@ -267,17 +268,17 @@ def all_to_all_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
     if layout.ep_size == 1:
         return combined_from(_experts(slots, wi_0, wi_1, wo, layout))
     local = layout.local_experts
-    blocks = _exchange_blocks(layout)
-    outgoing = slots.reshape(layout.ep_size, local, capacity, embed)[blocks]  # [peers, local, capacity, embed]
-    peers = outgoing.shape[0]
+    blocks = slots.reshape(layout.ep_size, local, capacity, embed)
+    # With every expert axis an exchange axis, the peers' order is the blocks' own; otherwise this device
+    # picks the blocks of its own position along the other expert axes.
+    picked = _exchange_blocks(layout) if layout.sum_axes else None
+    outgoing = blocks if picked is None else blocks[picked]  # [peers, local, capacity, embed]
     if layout.exchange_axes:
         outgoing = jax.lax.all_to_all(outgoing, _axis(layout.exchange_axes), 0, 0, tiled=True)
-    mine = jnp.moveaxis(outgoing, 0, 1).reshape(local, peers * capacity, embed)
-    out = _experts(mine, wi_0, wi_1, wo, layout)
-    back = jnp.moveaxis(out.reshape(local, peers, capacity, embed), 1, 0)
+    back = _experts(outgoing, wi_0, wi_1, wo, layout)  # the experts' outputs, as the slots came
     if layout.exchange_axes:
         back = jax.lax.all_to_all(back, _axis(layout.exchange_axes), 0, 0, tiled=True)
-    full = jnp.zeros((layout.ep_size, local, capacity, embed), back.dtype).at[blocks].set(back)
+    full = back if picked is None else jnp.zeros(blocks.shape, back.dtype).at[picked].set(back)
     combined = combined_from(full.reshape(layout.num_experts, capacity, embed))
     if layout.sum_axes:
         combined = jax.lax.psum(combined, _axis(layout.sum_axes))
