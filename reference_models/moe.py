@@ -228,7 +228,9 @@ def _dense_dispatch(x, weights, ids, first_expert, num_experts, layout: ExpertLa
     """MaxText's dense dispatch (`sparse_matmul=false` with a capacity factor): one-hot einsums on the
     matrix units; returns the slots [experts, batch × capacity, embed] and the combine mask."""
     batch, seq, embed = x.shape
-    capacity = row_capacity(seq, ids.shape[-1], layout.num_experts, layout.capacity_factor or 1.0)
+    factor = layout.capacity_factor
+    assert factor is not None  # `_dense(layout)`
+    capacity = row_capacity(seq, ids.shape[-1], layout.num_experts, factor)
     combine, dispatch = _dispatch_masks(weights, ids, first_expert, num_experts, capacity)
     with jax.named_scope("dispatch"):
         slots = jnp.einsum("bsm,bsec->ebcm", x, dispatch.astype(x.dtype))

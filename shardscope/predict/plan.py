@@ -25,9 +25,7 @@ from shardscope.predict.work import expert_slots, kept_outputs, predicted_work, 
 PREDICTED = "predicted"  # the provenance key a predicted plan carries (value True)
 PREDICTED_PARTS = ("tensors", "collectives")
 _PASS_ORDER = {"forward": 0, "backward": 1, "optimizer": 2, "other": 3}
-
-
-_ATTENTION = "/self_attention/"
+_ATTENTION = "/self_attention/"  # in the module path of an attention block's projections
 
 
 def remat_on(plan: Plan) -> bool:

@@ -158,15 +158,15 @@ def _dense_dispatch(
     seq = sequence_length(inputs)
     if inputs is None or seq is None or case is None:
         return []
-    rows = math.prod(inputs.shard_shape[:-1])
+    masked = math.prod(inputs.shard_shape[:-1])  # the tokens the masks span
     per_row = capacity(seq, case, seq)
     local_experts = weight.layer_shape[0]
     experts = case.model.num_experts
     if case.preset.moe == "ring" and local_experts < experts:
         # The ring gathers its group's tokens and masks them for the local experts only.
-        rows, experts = expert_slots(plan, weight, case, tokens) // per_row * seq, local_experts
-    flops = 2.0 * rows * experts * per_row * inputs.shape[-1]
-    mask_bytes = rows * experts * per_row * _activation_itemsize(case)
+        masked, experts = expert_slots(plan, weight, case, tokens) // per_row * seq, local_experts
+    flops = 2.0 * masked * experts * per_row * inputs.shape[-1]
+    mask_bytes = masked * experts * per_row * _activation_itemsize(case)
     use = _Use(flops, slot_bytes + 2 * mask_bytes, weight.loop_trips, bubble, recomputed=False)
     return [use, use]  # the dispatch and the combine
 
