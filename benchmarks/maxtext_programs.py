@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
 
 PROGRAMS = Path(__file__).resolve().parent / "maxtext_programs"
+# The same compiles' memory figures: their memory analysis and the heap their buffer assignment allocates.
+MEMORY = PROGRAMS / "memory.json"
 # MaxText's mesh at the seed's commit: with pipeline parallelism the stage axis comes first.
 MESH_AXES = ("stage", "data", "fsdp", "fsdp_transpose", "sequence", "context", "context_autoregressive")
 MESH_AXES += ("tensor", "tensor_transpose", "tensor_sequence", "expert", "autoregressive")
@@ -74,7 +77,33 @@ def main() -> int:
             f"{run_id:28s} {measured:8.2f}s {priced[0]:15.2f}s {errors[0]:>7s} {priced[1]:10.2f}s {errors[1]:>7s}"
             f" {traffic:>34s}"
         )
+    print()
+    print(memory_table(runs))
     return 0
+
+
+def memory_table(runs: dict) -> str:
+    """Each program's memory as its compile states it (the static sum arguments + outputs - aliased + temp,
+    and the heap at its peak) beside the measured figure and shardscope's own plan (its compiler's peak)."""
+    figures = json.loads(MEMORY.read_text())["runs"]
+    lines = [
+        "HBM per device (GB): MaxText's compile (static sum, heap peak) and shardscope's plan (compiler's peak)"
+        " against the measured peak",
+        f"{'run':28s} {'measured':>9s} {'MaxText sum':>12s} {'MaxText peak':>13s} {'error':>7s}"
+        f" {'shardscope peak':>16s} {'error':>7s}",
+    ]
+    for run_id, theirs in sorted(figures.items()):
+        measured = published_runs.maxtext_memory(runs[run_id])[0]
+        static = theirs["argument_bytes"] + theirs["output_bytes"] + theirs["temp_bytes"] - theirs["alias_bytes"]
+        stored = published_runs.plan_path(runs[run_id], "tpu")
+        peak = dict(shardscope.load_plan(stored).memory).get("peak_bytes") if stored.exists() else None
+        ours = "–" if peak is None else f"{peak / 1e9:.1f}"
+        ours_error = "–" if peak is None else f"{peak / measured - 1:+.1%}"
+        lines.append(
+            f"{run_id:28s} {measured / 1e9:9.1f} {static / 1e9:12.1f} {theirs['heap_bytes_used'] / 1e9:13.1f}"
+            f" {theirs['heap_bytes_used'] / measured - 1:+7.1%} {ours:>16s} {ours_error:>7s}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

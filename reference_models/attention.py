@@ -12,6 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 from reference_models.config import DecoderConfig
 from reference_models.layers import DenseGeneral, RMSNorm, apply_rope, like
 from reference_models.sharding import constrain
+from reference_models.splash import splash_attention
 
 # Grouped-query attention (attentions.py defaults).
 GQA_INPUT = ("activation_batch_attn", "activation_input_length_attn", "activation_embed_attn")
@@ -65,10 +66,17 @@ def blockwise_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: 
     return jnp.concatenate(rows, axis=1)
 
 
-def attention_core(config: DecoderConfig, q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
-    """The attention computation MaxText's `attention` setting picks (`config.attention_kernel`)."""
+def attention_core(
+    config: DecoderConfig, q: jax.Array, k: jax.Array, v: jax.Array, scale: float, logical: tuple[str, ...]
+) -> jax.Array:
+    """The attention computation MaxText's `attention` setting picks (`config.attention_kernel`): with flash,
+    on a TPU the splash kernel itself (`splash.py`; q, k and v split as `logical` places them), elsewhere a
+    stand-in that does the kernel's work."""
     if config.uses_flash_attention:
-        # The scope names the kernel's ops in the compiled program, so the cost model prices them as the
+        kernel = splash_attention(config, q, k, v, scale, logical)
+        if kernel is not None:
+            return kernel
+        # The scope names the stand-in's ops in the compiled program, so the cost model prices them as the
         # kernel runs (scores kept on chip), not as the stand-in's fusions.
         with jax.named_scope(FLASH_SCOPE):
             return blockwise_causal_attention(q, k, v, scale, config.attention_block)
@@ -100,7 +108,7 @@ class Attention(nn.Module):
         key = constrain(self.path, "key", apply_rope(key, cfg.rope_theta), GQA_QKV)
         value = constrain(self.path, "value", value, GQA_QKV)
         query, key, value = _named_qkv(query, key, value)
-        out = checkpoint_name(attention_core(cfg, query, key, value, cfg.head_dim**-0.5), "context")
+        out = checkpoint_name(attention_core(cfg, query, key, value, cfg.head_dim**-0.5, GQA_QKV), "context")
         out = constrain(self.path, "out", checkpoint_name(out, "attention_out"), GQA_OUT)
         out = DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
         return checkpoint_name(out, "out_proj")
@@ -160,7 +168,7 @@ class MLA(nn.Module):
         value = constrain(self.path, "value", value, MLA_QKV)
         query, key, value = _named_qkv(query, key, value)
 
-        out = checkpoint_name(attention_core(cfg, query, key, value, (nope + rope) ** -0.5), "context")
+        out = checkpoint_name(attention_core(cfg, query, key, value, (nope + rope) ** -0.5, MLA_QKV), "context")
         out = constrain(self.path, "out", checkpoint_name(out, "attention_out"), MLA_OUT)
         out = DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
         return checkpoint_name(out, "out_proj")

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
 # MaxText's `attention` values that shardscope models (see DecoderConfig.attention_kernel).
 ATTENTION_KERNELS = ("dot_product", "flash", "autoselected")
+# The splash kernel's blocks besides the query block (MaxText's sa_block_<name>), and their default size.
+SPLASH_BLOCKS = ("kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
+SPLASH_BLOCK_DEFAULT = 512
 # How the experts' matmuls run (DecoderConfig.expert_matmul).
 EXPERT_MATMULS = ("dense", "grouped")
 # The named scope around the experts' matmuls when they run grouped (shardscope.hlo.profile.GROUPED_SCOPE).
@@ -118,6 +121,12 @@ class DecoderConfig:
     # MaxText selects it on TPU.
     attention_kernel: str = "dot_product"
     attention_block: int = 512
+    # On a TPU, flash attention is MaxText's splash kernel (splash.py), tiled as MaxText's `sa_block_*` say:
+    # (kernel block name, size) pairs for the blocks other than the query block, which is `attention_block`
+    # (`sa_block_q`); unnamed blocks are MaxText's default 512. `attention_fused_backward`:
+    # `sa_use_fused_bwd_kernel` (one backward kernel for queries, keys and values instead of two).
+    attention_blocks: tuple[tuple[str, int], ...] = ()
+    attention_fused_backward: bool = False
     rope_theta: float = 10000.0
     norm_epsilon: float = 1e-6
     # The model's own `logical_axis_rules` in MaxText's model yml (llama2-7b: `[['norm', 'fsdp']]`). MaxText
@@ -141,6 +150,12 @@ class DecoderConfig:
     def uses_flash_attention(self) -> bool:
         """Whether attention runs as the flash/splash kernel does (see `attention_kernel`)."""
         return self.attention_kernel == "flash" or (self.attention_kernel == "autoselected" and self.seq_len >= 128)
+
+    @property
+    def splash_block_sizes(self) -> dict[str, int]:
+        """The splash kernel's block sizes by its names (`q`, `kv`, `kv_compute`, `q_dkv`, …)."""
+        sizes = dict.fromkeys(SPLASH_BLOCKS, SPLASH_BLOCK_DEFAULT) | dict(self.attention_blocks)
+        return {"q": self.attention_block, **sizes}
 
     @property
     def routed_bias(self) -> bool:

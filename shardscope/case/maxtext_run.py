@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from reference_models.config import SPLASH_BLOCKS
 from shardscope.case.maxtext_keys import CHOICES, CUSTOM_REMAT_KEYS, RUN_ONLY_KEYS
 from shardscope.errors import ShardscopeError
 
@@ -257,6 +258,9 @@ def _settings(
         warnings.append(
             f"MaxText keys that change the step but are not modelled, planned without them: {', '.join(unmodelled)}"
         )
+    blocks = [f"{name}:{values[key]}" for key, name in _SPLASH_BLOCK_KEYS.items() if key in values]
+    if blocks:
+        settings["model.attention_blocks"] = ",".join(blocks)
     if values.get("remat_policy") == "custom":
         defaults = maxtext_defaults()
         places = {key: values.get(key, defaults[key]) for key in CUSTOM_REMAT_KEYS}
@@ -346,7 +350,13 @@ _MODEL_KEYS: dict[str, Any] = {
     # The expert matmuls' kernel: set from sparse_matmul in `_settings` (megablox only picks its TPU kernel).
     "sparse_matmul": lambda v: {},
     "megablox": lambda v: {},
+    # The TPU attention kernel's tiles (the query block is also the CPU stand-in's; the others are read in
+    # `_settings`) and its backward kernel.
+    "sa_block_q": lambda v: {"model.attention_block": str(v)},
+    "sa_use_fused_bwd_kernel": lambda v: {"model.attention_fused_backward": str(v).lower()},
 }
+# MaxText's other splash-kernel block sizes: key → the kernel's name for the block.
+_SPLASH_BLOCK_KEYS = {f"sa_block_{name}": name for name in SPLASH_BLOCKS}
 # Keys whose base.yml default applies when the command line does not give them (how the step runs).
 _RUN_DEFAULTS = ("attention", "dtype", "remat_policy")
 # Keys read by `maxtext_run` itself (the mesh, the preset, the topology, the model's name, the pipeline).
@@ -362,6 +372,7 @@ _HANDLED_ELSEWHERE = frozenset(
         "num_layers_per_pipeline_stage",
         "pipeline_fsdp_ag_once",
         "mesh_axes",
+        *_SPLASH_BLOCK_KEYS,
         *CUSTOM_REMAT_KEYS,
     }
 )

@@ -12,7 +12,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reference_models import DecoderConfig
-from reference_models.config import ATTENTION_KERNELS, EXPERT_MATMULS, REMAT_LOCATIONS, REMAT_POLICIES
+from reference_models.config import (
+    ATTENTION_KERNELS,
+    EXPERT_MATMULS,
+    REMAT_LOCATIONS,
+    REMAT_POLICIES,
+    SPLASH_BLOCKS,
+)
 from shardscope.errors import ShardscopeError
 
 # Activation dtypes, with the short names people type.
@@ -80,6 +86,23 @@ def _attention_kernel(text: str) -> str:
     return text
 
 
+def _attention_blocks(text: str) -> tuple[tuple[str, int], ...]:
+    expected = f"expected block:size pairs, block one of {', '.join(SPLASH_BLOCKS)} (kv:2048,q_dkv:2048,…)"
+    sizes: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, size = part.partition(":")
+        if not sep or name not in SPLASH_BLOCKS or not size.isdigit() or int(size) < 1:
+            raise ValueError(expected)
+        sizes[name] = int(size)
+    return tuple(sorted(sizes.items()))
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return text.lower() == "true"
+
+
 def _expert_matmul(text: str) -> str:
     if text not in EXPERT_MATMULS:
         raise ValueError(f"expected one of {', '.join(EXPERT_MATMULS)}")
@@ -100,6 +123,8 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "attention_kernel": _attention_kernel,
     "expert_matmul": _expert_matmul,
     "attention_block": lambda text: _whole(text, 1, "a positive integer (query rows per block)"),
+    "attention_blocks": _attention_blocks,
+    "attention_fused_backward": _boolean,
 }
 MODEL_SETTABLE = tuple(MODEL_FIELDS)
 

@@ -1,7 +1,9 @@
 """Per-device HBM need of a plan, by category, against the generation's capacity.
 
-A TPU compile's memory analysis is exact: arguments + outputs − aliased outputs + temp, with the
-compiler's padding and scheduling in it; its categories are the tensors the shardings give (params,
+A TPU compile's memory analysis is exact: the compiler's peak of live HBM (arguments, outputs that do
+not reuse an argument's buffer, and the temporaries alive at that peak), with its padding and scheduling
+in it (plans made before the peak was recorded: arguments + outputs − aliased outputs + all temporaries,
+which over-states it); its categories are the tensors the shardings give (params,
 optimizer state, inputs), what the compiler adds to the arguments (padding to TPU tiles), outputs that
 do not reuse an argument's buffer, and temp (gradients, activations, scratch). A CPU compiler's figures
 say nothing about a TPU (its temp buffers follow another schedule), so there the need is estimated from
@@ -107,11 +109,15 @@ def memory_need(plan: Plan, hardware: Hardware, exact: bool = True) -> MemoryEst
     if exact and backend == "tpu" and {"argument_bytes", "temp_bytes"} <= set(memory):
         arguments = memory["argument_bytes"]
         outputs = memory.get("output_bytes", 0) - memory.get("alias_bytes", 0)
+        # With the compiler's peak, temporaries are what is alive beside the arguments and outputs at that
+        # peak; without it (plans made before it was recorded), the whole temporaries figure.
+        peak = memory.get("peak_bytes")
+        temp = memory["temp_bytes"] if peak is None else max(0, peak - arguments - outputs)
         categories = [
             *tensors,
             ("argument_padding", arguments - sum(size for _, size in tensors)),
             ("outputs_not_aliased", outputs),
-            ("compiler_temp", memory["temp_bytes"]),
+            ("compiler_temp" if peak is None else "temp_at_peak", temp),
         ]
         return MemoryEstimate(tuple(categories), capacity, EXACT)
     categories = [*tensors, ("gradients", kinds.get("param", 0)), ("activations", activation_bytes(plan))]

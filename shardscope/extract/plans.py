@@ -22,7 +22,7 @@ from shardscope.plan.records import SCHEMA, TENSORS_ONLY, CaseRecord, case_recor
 from shardscope.stages.compile import CompiledStep, TracedStep
 
 
-def _memory(compiled: Any) -> tuple[tuple[str, int], ...]:
+def _memory(compiled: Any, platform: str) -> tuple[tuple[str, int], ...]:
     analysis = compiled.memory_analysis()
     if analysis is None:
         return ()
@@ -32,6 +32,13 @@ def _memory(compiled: Any) -> tuple[tuple[str, int], ...]:
         "alias_bytes": int(analysis.alias_size_in_bytes),
         "temp_bytes": int(analysis.temp_size_in_bytes),
     }
+    # The TPU compiler's peak of live HBM (its heap simulation of the scheduled program): what the step
+    # needs, and what a memory profile of the run shows. The sum of the four figures above counts
+    # temporaries that are never alive together, so it over-states the need. Recorded for TPU compiles
+    # only: a CPU compiler's peak says nothing about a TPU (plans of the CPU route keep their four figures).
+    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
+    if platform == "tpu" and peak:
+        figures["peak_bytes"] = peak
     # Host memory a remat policy offloads to (TPU: pinned host); recorded only when there is some, so plans
     # without offload keep their four figures.
     host = int(getattr(analysis, "host_temp_size_in_bytes", 0) or 0)
@@ -94,7 +101,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
         collectives=extract_collectives(
             module, slice_mesh(case), narrow=case.topology.platform == "cpu", explain=explain
         ),
-        memory=_memory(step.compiled),
+        memory=_memory(step.compiled, case.topology.platform),
         schema=SCHEMA,
         compute=compute_of(module),
         work=work_profile(module),
@@ -136,7 +143,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
         provenance=provenance(devices.platform, {}),
         tensors=tuple(sorted(tensors.items())),
         collectives=extract_collectives(module, tuple(sizes.items())),
-        memory=_memory(compiled),
+        memory=_memory(compiled, devices.platform),
         schema=SCHEMA,
         compute=compute_of(module),
     )

@@ -183,6 +183,13 @@ def compile_case(case: Case) -> CompiledStep:
             ) from None
         if "RESOURCE_EXHAUSTED" not in message:
             raise
+        if "VmemOom" in message:
+            # A kernel's blocks need more of a core's vector memory than the compiler lets a kernel have.
+            raise MemoryExhaustedError(
+                f"{case.model_name} on {case.topology.name}: a kernel needs more vector memory than the compiler "
+                f"allows ({message.removeprefix('RESOURCE_EXHAUSTED: ')}); raise it with --set "
+                "xla.xla_tpu_scoped_vmem_limit_kib=… (as MaxText's runs do) or use smaller attention blocks"
+            ) from None
         # The TPU compiler refuses a program whose buffers exceed a device's memory.
         raise MemoryExhaustedError(
             f"{case.model_name} on {case.topology.name}: the compiler cannot fit the step in device memory "

@@ -1,0 +1,91 @@
+"""Flash attention on a TPU is MaxText's splash kernel (reference_models/splash.py): the same function as the
+reference attention, and in a TPU compile the kernel's work where the CPU stand-in has its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reference_models.attention import causal_attention
+from reference_models.splash import local_splash_attention
+from shardscope.case.tpu import libtpu_version
+
+BLOCKS = "kv:128,kv_compute:128,q_dkv:128,kv_dkv:128,kv_dkv_compute:128,q_dq:128,kv_dq:128"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_kernel_is_causal_attention_with_fewer_kv_heads_and_a_narrower_value(fused):
+    # Pallas' interpreter runs the TPU kernel anywhere: values and gradients equal the reference attention,
+    # with grouped queries (four query heads on two key/value heads) and MLA's narrower value head.
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(keys[0], (1, 256, 4, 128), jnp.float32)
+    k = jax.random.normal(keys[1], (1, 256, 2, 128), jnp.float32)
+    v = jax.random.normal(keys[2], (1, 256, 2, 64), jnp.float32)
+    blocks = dict.fromkeys(("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq"), 128)
+    scale = 128**-0.5
+
+    def kernel(q, k, v):
+        return local_splash_attention(q, k, v, scale=scale, blocks=blocks, fused_backward=fused, interpret=True)
+
+    np.testing.assert_allclose(kernel(q, k, v), causal_attention(q, k, v, scale), atol=2e-5)
+    grads = jax.grad(lambda *a: jnp.sum(kernel(*a) ** 2), argnums=(0, 1, 2))(q, k, v)
+    expected = jax.grad(lambda *a: jnp.sum(causal_attention(*a, scale) ** 2), argnums=(0, 1, 2))(q, k, v)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5 * float(jnp.abs(want).max()))
+
+
+_KERNEL_WORK = """
+import json, sys
+import shardscope
+settings = {"model.seq_len": "256", "model.attention_kernel": "flash", "model.attention_block": "128",
+            "model.attention_blocks": sys.argv[2]}
+plan = shardscope.plan_case("llama-tiny", topology=sys.argv[1], settings=settings, use_cache=False)
+work = {}
+for entry in plan.work:
+    if entry.kind == "kernel":
+        work[entry.pass_] = work.get(entry.pass_, 0) + entry.flops * entry.executions
+print(json.dumps({"kernel": work, "memory": dict(plan.memory)}))
+"""
+
+
+def _kernel_work(topology: str) -> dict:
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", _KERNEL_WORK, topology, BLOCKS], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+def test_a_tpu_compile_runs_the_kernel_and_counts_its_work():
+    tpu, cpu = _kernel_work("v5p-8"), _kernel_work("cpu-4")
+    # The forward pass: the kernel's two matmuls over the causal block grid (counted from the custom call's
+    # shapes and block mask) are the stand-in's (counted from its dots over causal query rows).
+    assert tpu["kernel"]["forward"] == cpu["kernel"]["forward"] > 0
+    # The backward pass: the layer's forward kernel again (full remat), then the query-gradient kernel
+    # (three matmuls) and the key/value-gradient kernel (four): 2 + 3 + 4 = 4.5 forwards.
+    assert tpu["kernel"]["backward"] == 4.5 * tpu["kernel"]["forward"]
+    # Only the TPU compile records the compiler's peak, below the static sum of its figures.
+    memory = tpu["memory"]
+    static = memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"] - memory["alias_bytes"]
+    assert 0 < memory["peak_bytes"] <= static
+    assert "peak_bytes" not in cpu["memory"]
+
+
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+def test_a_kernel_over_its_vector_memory_is_one_line_naming_the_limit(tmp_path):
+    out = tmp_path / "plan.json"
+    sets = ["model.seq_len=2048", "model.attention_kernel=flash", "model.attention_block=2048"]
+    sets += ["model.attention_blocks=kv:2048,kv_compute:2048", "xla.xla_tpu_scoped_vmem_limit_kib=2048"]
+    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", "v5p-8", "-o", str(out)]
+    done = subprocess.run([*command, *(f"--set={s}" for s in sets)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs more vector memory" in lines[0] and "scoped_vmem_limit_kib" in lines[0]
+    assert not out.exists()
