@@ -326,7 +326,7 @@ def diff_plans(
     Args:
       old: the baseline (a golden, the plan before a change).
       new: the candidate.
-      temp_tolerance: relative move of `temp_bytes` (and `bytes_accessed`) that is not a change (see
+      temp_tolerance: relative move of `temp_bytes` (and `peak_bytes`, `bytes_accessed`) that is not a change (see
         DEFAULT_TEMP_TOLERANCE).
       hardware, efficiency: price both plans on this TPU generation (see `price_pair`).
 
