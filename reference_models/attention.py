@@ -4,6 +4,8 @@ constraints (each constraint is named after the variable MaxText constrains)."""
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -41,29 +43,101 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, off
     return out.reshape(batch, seq, heads, v.shape[-1])
 
 
-def blockwise_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block: int) -> jax.Array:
+def blockwise_causal_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block: int, fused_backward: bool = False
+) -> jax.Array:
     """Causal attention as a flash/splash kernel does its work: query blocks of `block` rows, each against
     the keys up to its last row only (the blocks above the diagonal are skipped, as the kernel skips them),
-    and nothing of it kept for the backward pass but q, k and v (each block is recomputed there, as the
-    kernel recomputes its scores). No [seq × seq] tensor lives beyond one block row.
+    and nothing of it kept for the backward pass but q, k, v, the output and its log-sum-exp. The backward
+    pass is the kernel's (`_row_backward`): each block's scores recomputed, in a query-gradient pass and a
+    key/value-gradient pass (or one pass, `fused_backward`), so its matmuls are the kernel's.
 
     The same function as `causal_attention` (tested); `block` ≥ seq is exactly it.
     """
     seq = q.shape[1]
     if block >= seq or seq % block:
         return causal_attention(q, k, v, scale)
-    rows = []
-    for first in range(0, seq, block):
-        last = first + block
-
-        def row(
-            q_all: jax.Array, k_all: jax.Array, v_all: jax.Array, first: int = first, last: int = last
-        ) -> jax.Array:
-            # Sliced inside the checkpoint, so its residuals are q, k and v themselves (no prefix copies).
-            return causal_attention(q_all[:, first:last], k_all[:, :last], v_all[:, :last], scale, offset=first)
-
-        rows.append(jax.checkpoint(row)(q, k, v))
+    rows = [_row(q, k, v, scale, first, first + block, fused_backward) for first in range(0, seq, block)]
     return jnp.concatenate(rows, axis=1)
+
+
+def _row_scores(q: jax.Array, k: jax.Array, scale: float, first: int) -> jax.Array:
+    """Masked float32 scores [batch, kv heads, groups, rows, keys] of query rows `first`… against k."""
+    batch, rows, heads, dim = q.shape
+    grouped = q.reshape(batch, rows, k.shape[2], heads // k.shape[2], dim)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", grouped, k).astype(jnp.float32) * scale
+    mask = jnp.arange(rows)[:, None] + first >= jnp.arange(k.shape[1])[None, :]
+    return jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+
+
+def _row_forward(q, k, v, scale, first, last, fused_backward):
+    # Sliced here, so the residuals are q, k and v themselves (no prefix copies), as the kernel's are.
+    scores = _row_scores(q[:, first:last], k[:, :last], scale, first)
+    peak = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+    unnormalised = jnp.exp(scores - peak)
+    total = jnp.sum(unnormalised, axis=-1, keepdims=True)
+    probs = (unnormalised / total).astype(v.dtype)
+    lse = peak + jnp.log(total)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v[:, :last])
+    out = out.reshape(*out.shape[:2], -1, v.shape[-1])
+    return out, (q, k, v, out, lse)
+
+
+def _row_backward(scale, first, last, fused_backward, residuals, d_out):
+    # Traced where the gradient is taken: named as the kernel's ops explicitly (see `attention_core`).
+    with jax.named_scope(FLASH_SCOPE):
+        return _kernel_gradients(scale, first, last, fused_backward, residuals, d_out)
+
+
+def _kernel_gradients(scale, first, last, fused_backward, residuals, d_out):
+    """The kernel's backward: the query gradient (scores, the probabilities' gradient, dq) and the key/value
+    gradient (scores, the probabilities' gradient, dv, dk) as separate passes, each recomputing what it
+    needs, or one fused pass. The key/value pass works on the transposed scores [keys × query rows], as
+    the kernel's key/value-gradient loop does; written so, the compiler cannot merge its matmuls with the
+    query pass's (the two kernels share none of their work)."""
+    q_all, k_all, v_all, out, lse = residuals
+    q, k, v = q_all[:, first:last], k_all[:, :last], v_all[:, :last]
+    batch, rows, heads, dim = q.shape
+    groups = heads // k.shape[2]
+    q_grouped = q.reshape(batch, rows, k.shape[2], groups, dim)
+    d_grouped = d_out.reshape(batch, rows, k.shape[2], groups, v.shape[-1])
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    delta = delta.reshape(batch, rows, k.shape[2], groups).transpose(0, 2, 3, 1)[..., None]  # [b,h,g,q,1]
+
+    # The query pass, over [query rows × keys]. Its scores are the queries scaled first (the kernel's
+    # forward pass scales them after), so the compiler cannot take them from the rematerialised forward pass.
+    scaled = (q_grouped.astype(jnp.float32) * scale).astype(q.dtype)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", scaled, k).astype(jnp.float32)
+    mask = jnp.arange(rows)[:, None] + first >= jnp.arange(k.shape[1])[None, :]
+    probs = jnp.exp(jnp.where(mask, scores, jnp.finfo(jnp.float32).min) - lse)
+    d_probs = jnp.einsum("bqhgd,bkhd->bhgqk", d_grouped, v).astype(jnp.float32)
+    d_scores = probs * (d_probs - delta) * scale
+    dq = jnp.einsum("bhgqk,bkhd->bqhgd", d_scores.astype(q.dtype), k).reshape(q.shape)
+    if fused_backward:
+        dv = jnp.einsum("bhgqk,bqhgd->bkhd", probs.astype(v.dtype), d_grouped)
+        dk = jnp.einsum("bhgqk,bqhgd->bkhd", d_scores.astype(k.dtype), q_grouped)
+    else:
+        # The key/value pass, over [keys × query rows].
+        scores_t = jnp.einsum("bkhd,bqhgd->bhgkq", k, q_grouped).astype(jnp.float32) * scale
+        scores_t = jnp.where(mask.T, scores_t, jnp.finfo(jnp.float32).min)
+        probs_t = jnp.exp(scores_t - jnp.swapaxes(lse, -1, -2))
+        d_probs_t = jnp.einsum("bkhd,bqhgd->bhgkq", v, d_grouped).astype(jnp.float32)
+        d_scores_t = probs_t * (d_probs_t - jnp.swapaxes(delta, -1, -2)) * scale
+        dv = jnp.einsum("bhgkq,bqhgd->bkhd", probs_t.astype(v.dtype), d_grouped)
+        dk = jnp.einsum("bhgkq,bqhgd->bkhd", d_scores_t.astype(k.dtype), q_grouped)
+
+    def padded(grad, like_all, start, stop):
+        return jnp.zeros_like(like_all).at[:, start:stop].set(grad.astype(like_all.dtype))
+
+    return padded(dq, q_all, first, last), padded(dk, k_all, 0, last), padded(dv, v_all, 0, last)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _row(q, k, v, scale, first, last, fused_backward):
+    return _row_forward(q, k, v, scale, first, last, fused_backward)[0]
+
+
+_row.defvjp(_row_forward, _row_backward)
 
 
 def attention_core(
@@ -79,7 +153,7 @@ def attention_core(
         # The scope names the stand-in's ops in the compiled program, so the cost model prices them as the
         # kernel runs (scores kept on chip), not as the stand-in's fusions.
         with jax.named_scope(FLASH_SCOPE):
-            return blockwise_causal_attention(q, k, v, scale, config.attention_block)
+            return blockwise_causal_attention(q, k, v, scale, config.attention_block, config.attention_fused_backward)
     return causal_attention(q, k, v, scale)
 
 

@@ -110,6 +110,10 @@ class DecoderConfig:
     dtype: str = "float32"  # activation dtype
     # MaxText's `weight_dtype`: the parameters' dtype (and so the optimizer state's, which follows them).
     weight_dtype: str = "float32"
+    # MaxText's `grad_dtype`: float32 gradients are cast to it before the optimizer (and so are summed over
+    # devices in it); `mu_dtype`: AdamW's first moment's dtype ("": the parameters').
+    grad_dtype: str = "float32"
+    mu_dtype: str = ""
     # MaxText's `remat_policy` (one of REMAT_POLICIES; see remat.py): "full" recomputes each layer in the
     # backward pass (its default); "none" (shardscope's) keeps every activation.
     remat: str = "full"

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
@@ -119,35 +118,33 @@ def run_pipeline(
     if _on_cpu(context) and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
         micro = micro.astype(jnp.float32)
 
-    def chosen_layer(blocks, use_previous, hidden):
-        # A circular schedule's step runs the previous or the current visit's layers (`use_previous`), or
-        # the layers of visit `use_previous` of all of them (an integer: `_circular_indexed`); they are
-        # picked here so that a rematerialised layer picks them again in the backward pass instead of
-        # keeping the pick of every step.
-        if use_previous is None:
+    def chosen_layer(blocks, visit, hidden):
+        # A circular schedule's step runs the layers of visit `visit` of all the stage's blocks (see
+        # `_circular`); they are picked here so that a rematerialised layer picks them again in the backward
+        # pass instead of keeping the pick of every step.
+        if visit is None:
             params = blocks
-        elif jnp.issubdtype(use_previous.dtype, jnp.integer):
-            params = jax.tree.map(lambda b, g: _pick_visit(b, use_previous) if g else b[use_previous], blocks, gathered)
+        elif gathered is None:
+            params = jax.tree.map(lambda b: b[visit], blocks)
         else:
-            params = jax.tree.map(partial(jax.lax.select, use_previous), *blocks)
+            params = jax.tree.map(lambda b, g: _pick_visit(b, visit) if g else b[visit], blocks, gathered)
         return apply_layer(params, hidden)
 
     run_layer = chosen_layer
     if remat is not None:
         checkpointed = jax.checkpoint(chosen_layer, prevent_cse=False, policy=remat.layer)
 
-        def run_layer(blocks, use_previous, hidden):
-            return checkpointed(blocks, use_previous, checkpoint_name(hidden, "decoder_layer_input"))
+        def run_layer(blocks, visit, hidden):
+            return checkpointed(blocks, visit, checkpoint_name(hidden, "decoder_layer_input"))
 
-    def stage_layers(blocks, use_previous, hidden):
-        """One visit's layers in order: `blocks` holds their stacked params (a circular schedule's step: the
-        previous and the current visit's, of which `use_previous` picks, or every visit's, ahead of the
-        layers dimension, of which `use_previous` is the index)."""
-        indexed = use_previous is not None and jnp.issubdtype(use_previous.dtype, jnp.integer)
+    def stage_layers(blocks, visit, hidden):
+        """One visit's layers in order: `blocks` holds their stacked params (a circular schedule's step:
+        every visit's, ahead of the layers dimension, of which `visit` is the index)."""
+        indexed = visit is not None
         stacked = jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis + indexed, 0), blocks)
 
         def one_layer(h, layer):
-            return run_layer(layer, use_previous, h), None
+            return run_layer(layer, visit, h), None
 
         return jax.lax.scan(one_layer, hidden, stacked)[0]
 
@@ -157,7 +154,7 @@ def run_pipeline(
         first, last = stage == 0, stage == stages - 1
         rotation = [(s, (s + 1) % stages) for s in range(stages)]
 
-        def iteration(carry, step, blocks, use_previous=None):
+        def iteration(carry, step, blocks, visit=None):
             """One step of the schedule: every stage runs its layers of this visit (see `stage_layers`)."""
             state, outputs, *waiting = carry
             if repeats > 1:
@@ -171,7 +168,7 @@ def run_pipeline(
             else:
                 entering = micro[jnp.minimum(step, count - 1)]
             hidden = jnp.where(first, entering, state)
-            out = stage_layers(blocks, use_previous, hidden)
+            out = stage_layers(blocks, visit, hidden)
             # The last stage's output of a microbatch's last visit is the pipeline's result for it.
             finished = step - (stages - 1) - count * (repeats - 1)
             slot = jnp.clip(finished, 0, count - 1)
@@ -186,8 +183,7 @@ def run_pipeline(
             steps = jnp.arange(count + stages - 1)
             carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, params), None), carry, steps)
         else:
-            circular = _circular_indexed if context.explicit else _circular
-            carry = circular(iteration, carry, params, stage)
+            carry = _circular(iteration, carry, params, stage)
         return carry[1][None]
 
     def _visit_blocks(params):
@@ -200,37 +196,11 @@ def run_pipeline(
         )
 
     def _circular(iteration, carry, params, stage):
-        """The circular schedule's `count · repeats + stages - 1` steps, as rounds of `count` steps.
-
-        In round r stage s runs its r-th block of layers, except in the round's first s steps, when it
-        still finishes its previous visit (block r - 1). The blocks are the rounds' scanned inputs and the
-        previous one rides along, so each step's layers are picked between two blocks: the gradient of a
-        block gathers in a block-sized buffer, as in MaxText's Auto pipeline (its Explicit one picks at a
-        traced index: `_circular_indexed`)."""
-        blocks = _visit_blocks(params)
-
-        def one_round(round_carry, round_input):
-            carry, previous = round_carry
-            current, first_step = round_input
-
-            def one_step(c, i):
-                return iteration(c, first_step + i, (previous, current), i < stage), None
-
-            carry, _ = jax.lax.scan(one_step, carry, jnp.arange(count))
-            return (carry, current), None
-
-        nothing = jax.tree.map(lambda b: jnp.zeros_like(b[0]), blocks)
-        rounds = (blocks, jnp.arange(repeats) * count)
-        (carry, last_block), _ = jax.lax.scan(one_round, (carry, nothing), rounds)
-        # The last stages finish the last visit (the pipeline's drain).
-        drain = jnp.arange(stages - 1) + repeats * count
-        carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, last_block), None), carry, drain)
-        return carry
-
-    def _circular_indexed(iteration, carry, params, stage):
-        """The circular schedule as MaxText's pipeline runs it with Explicit mesh axes: each step picks its
-        visit's block out of all of the stage's layers at a traced index (see `_pick_visit` for what that
-        costs the gradient)."""
+        """The circular schedule's `count · repeats + stages - 1` steps, as MaxText's pipeline runs them
+        (`get_current_repeat_from_stages`, with Auto and with Explicit mesh axes): each step picks its
+        visit's block out of all of the stage's layers at a traced index, so the gradient of the stage's
+        layers gathers in one buffer of all of them (with Explicit axes, see `_pick_visit` for what more
+        that costs)."""
         blocks = _visit_blocks(params)
 
         def one_step(c, step):

@@ -20,15 +20,15 @@ def _qkv(heads=4, kv_heads=2, seq=64, dim=8, v_dim=8):
     return q, k, v
 
 
-@pytest.mark.parametrize("block", [8, 16, 64])
-def test_blockwise_is_causal_attention_values_and_gradients(block):
+@pytest.mark.parametrize(("block", "fused"), [(8, False), (16, False), (64, False), (16, True)])
+def test_blockwise_is_causal_attention_values_and_gradients(block, fused):
     q, k, v = _qkv(v_dim=12)  # MLA's values are narrower or wider than its keys
 
     def loss(f):
         return lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))
 
     plain = loss(lambda q, k, v: causal_attention(q, k, v, 0.3))
-    blocked = loss(lambda q, k, v: blockwise_causal_attention(q, k, v, 0.3, block))
+    blocked = loss(lambda q, k, v: blockwise_causal_attention(q, k, v, 0.3, block, fused))
     np.testing.assert_allclose(blocked(q, k, v), plain(q, k, v), rtol=1e-5)
     for got, want in zip(jax.grad(blocked, (0, 1, 2))(q, k, v), jax.grad(plain, (0, 1, 2))(q, k, v), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -301,6 +301,16 @@ def test_a_pallas_attention_kernel_is_the_kernel_with_the_flops_its_shapes_and_c
     assert sum(entry.ops for entry in bins if entry.kind == "memory") == 1  # other_kernel.1
 
 
+def test_a_kernel_with_narrower_value_heads_counts_them_where_values_enter():
+    # MLA's values are narrower than its queries and keys: of the forward kernel's two matmuls one is over the
+    # query/key head dimension (64 here), one over the value's (32); of the key/value gradient's four, two each.
+    narrow = SPLASH.replace("v = bf16[1,2,1024,64]", "v = bf16[1,2,1024,32]")
+    narrow = narrow.replace("do = bf16[1,2,1024,64]", "do = bf16[1,2,1024,32]")
+    kernel = [entry for entry in work_profile(read_module(narrow)) if entry.kind == "kernel"]
+    per_dim = 2 * 1 * 2 * 1024 * 1024 * 10 / 16
+    assert sum(entry.flops for entry in kernel) == round(per_dim * (64 + 32)) + round(per_dim * (2 * 64 + 2 * 32))
+
+
 # A TPU program's generic async wrappers: a prefetch of a slice into vector memory, and an offloaded
 # stack read back from host memory one layer at a time.
 ASYNC_WRAPPED = """HloModule wrapped

@@ -1,5 +1,5 @@
 """Flash attention on a TPU is MaxText's splash kernel (reference_models/splash.py): the same function as the
-reference attention, and in a TPU compile the kernel's work where the CPU stand-in has its own."""
+reference attention, and in a TPU compile the same work as the CPU stand-in's (reference_models/attention.py)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,17 @@ def test_the_kernel_is_causal_attention_with_fewer_kv_heads_and_a_narrower_value
 _KERNEL_WORK = """
 import json, sys
 import shardscope
-settings = {"model.seq_len": "256", "model.attention_kernel": "flash", "model.attention_block": "128",
-            "model.attention_blocks": sys.argv[2]}
-plan = shardscope.plan_case("llama-tiny", topology=sys.argv[1], settings=settings, use_cache=False)
-work = {}
-for entry in plan.work:
-    if entry.kind == "kernel":
-        work[entry.pass_] = work.get(entry.pass_, 0) + entry.flops * entry.executions
-print(json.dumps({"kernel": work, "memory": dict(plan.memory)}))
+found = {}
+for fused in ("false", "true"):
+    settings = {"model.seq_len": "256", "model.attention_kernel": "flash", "model.attention_block": "128",
+                "model.attention_blocks": sys.argv[2], "model.attention_fused_backward": fused}
+    plan = shardscope.plan_case("llama-tiny", topology=sys.argv[1], settings=settings, use_cache=False)
+    work = {}
+    for entry in plan.work:
+        if entry.kind == "kernel" and entry.flops:
+            work[entry.pass_] = work.get(entry.pass_, 0) + entry.flops * entry.executions
+    found[fused] = {"kernel": work, "memory": dict(plan.memory)}
+print(json.dumps(found))
 """
 
 
@@ -63,19 +66,21 @@ def _kernel_work(topology: str) -> dict:
 
 
 @pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
-def test_a_tpu_compile_runs_the_kernel_and_counts_its_work():
+def test_the_kernel_on_a_tpu_and_the_stand_in_elsewhere_do_the_same_matmuls():
     tpu, cpu = _kernel_work("v5p-8"), _kernel_work("cpu-4")
-    # The forward pass: the kernel's two matmuls over the causal block grid (counted from the custom call's
-    # shapes and block mask) are the stand-in's (counted from its dots over causal query rows).
-    assert tpu["kernel"]["forward"] == cpu["kernel"]["forward"] > 0
-    # The backward pass: the layer's forward kernel again (full remat), then the query-gradient kernel
-    # (three matmuls) and the key/value-gradient kernel (four): 2 + 3 + 4 = 4.5 forwards.
-    assert tpu["kernel"]["backward"] == 4.5 * tpu["kernel"]["forward"]
+    for fused, matmuls in (("false", 2 + 3 + 4), ("true", 2 + 5)):
+        # The kernel's FLOPs are counted from the custom calls' shapes, names and causal block grids; the
+        # stand-in's from its dots over causal query rows: the two passes agree.
+        assert tpu[fused]["kernel"] == cpu[fused]["kernel"]
+        # Forward: scores and values (two matmuls). Backward: the layer's forward again (full remat), then the
+        # query-gradient kernel (three) and the key/value-gradient kernel (four), or the fused kernel (five).
+        forward = tpu[fused]["kernel"]["forward"]
+        assert forward > 0 and tpu[fused]["kernel"]["backward"] == matmuls / 2 * forward
     # Only the TPU compile records the compiler's peak, below the static sum of its figures.
-    memory = tpu["memory"]
+    memory = tpu["false"]["memory"]
     static = memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"] - memory["alias_bytes"]
     assert 0 < memory["peak_bytes"] <= static
-    assert "peak_bytes" not in cpu["memory"]
+    assert "peak_bytes" not in cpu["false"]["memory"]
 
 
 @pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")

@@ -341,6 +341,8 @@ _MODEL_KEYS: dict[str, Any] = {
     "first_num_dense_layers": lambda v: {"model.first_dense_layers": str(v)},
     "dtype": lambda v: {"model.dtype": v} if v != "float16" else None,
     "weight_dtype": lambda v: {"model.weight_dtype": v} if v != "float16" else None,
+    "grad_dtype": lambda v: {"model.grad_dtype": v} if v != "float16" else None,
+    "mu_dtype": lambda v: ({"model.mu_dtype": v} if v else {}) if v != "float16" else None,
     "capacity_factor": _capacity,
     "remat_policy": _remat,
     "attention": lambda v: {"model.attention_kernel": v} if v in ("dot_product", "flash", "autoselected") else None,
@@ -376,10 +378,9 @@ _HANDLED_ELSEWHERE = frozenset(
         *CUSTOM_REMAT_KEYS,
     }
 )
-# Keys whose value here is what shardscope plans anyway (gradients in float32, AdamW,
+# Keys whose value here is what shardscope plans anyway (AdamW,
 # layers scanned on axis 1, MaxText's custom remat locations at their defaults).
 _SAME_AS_PLANNED: dict[str, Any] = {
-    "grad_dtype": "float32",
     "opt_type": "adamw",
     "scan_layers": True,
     "param_scan_axis": 1,

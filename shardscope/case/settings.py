@@ -118,6 +118,8 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "first_dense_layers": lambda text: _whole(text, 0, "a whole number of layers"),
     "dtype": _dtype,
     "weight_dtype": _dtype,
+    "grad_dtype": _dtype,
+    "mu_dtype": _dtype,
     "remat": _remat,
     "remat_custom": _remat_custom,
     "attention_kernel": _attention_kernel,

@@ -127,16 +127,17 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
     return total
 
 
-# A Pallas attention kernel's pass, from its name, and the [L × S] score matmuls it runs per block: the
-# forward pass two (scores, then values), the query gradient three (scores again, the probabilities'
-# gradient, the queries'), the key/value gradient four (scores, the probabilities' gradient, the values'
-# and the keys'), a fused backward kernel five.
+# A Pallas attention kernel's pass, from its name, and the [L × S] matmuls it runs per block, as (those
+# over the query/key head dimension, those over the value head dimension): the forward pass (scores;
+# values), the query gradient (scores again, the queries' gradient; the probabilities' gradient), the
+# key/value gradient (scores, the keys' gradient; the probabilities' and the values' gradients), a fused
+# backward kernel all of them once. MLA's value heads are narrower than its query/key heads (128 and 192).
 _ATTENTION_KERNEL = re.compile(r"(?:splash|flash)\w*?_(fwd|dq|dkv|bwd)(?:_|$)")
-_KERNEL_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4, "bwd": 5}
+_KERNEL_MATMULS = {"fwd": (1, 1), "dq": (2, 1), "dkv": (2, 2), "bwd": (3, 2)}
 
 
 def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
-    """FLOPs of one run of a Pallas attention kernel (None: not one). q and k are its first two rank-4
+    """FLOPs of one run of a Pallas attention kernel (None: not one). q, k and v are its first three rank-4
     operands ([batch, heads, length, head dim]); its block mask (an int8 [.., query blocks, key blocks]
     operand) says how many blocks it visits: a causal mask's lower triangle, as a language model's
     training kernel has (the mask's contents are not in the program, only its grid)."""
@@ -152,11 +153,23 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     if len(qk) < 2:
         return None
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
+    value_dim = qk[2][3] if len(qk) > 2 else dim
     grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
     visited = 1.0
     if grid is not None and grid[0] == grid[1] and grid[0] > 0:
         visited = (grid[0] + 1) / (2 * grid[0])
-    return round(_KERNEL_MATMULS[match.group(1)] * 2 * batch * heads * queries * keys * dim * visited)
+    kind = match.group(1)
+    if kind == "dkv" and _gradient_outputs(instruction.shape) >= 3:
+        kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
+    over_qk, over_v = _KERNEL_MATMULS[kind]
+    return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
+
+
+def _gradient_outputs(shape: str) -> int:
+    """How many of a kernel's results are gradient arrays (float, rank 4 or more; the rest is scratch)."""
+    parts = split_outside_brackets(shape.strip()[1:-1], ",") if shape.strip().startswith("(") else [shape]
+    arrays = [shape_info(part.strip()) for part in parts if part.strip()]
+    return sum(1 for dtype, dims, _ in arrays if len(dims) >= 4 and dtype.startswith(("bfloat16", "float")))
 
 
 def _grouped(program: Program, instruction: Instruction) -> bool:

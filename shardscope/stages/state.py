@@ -124,7 +124,10 @@ def _abstract_train_state(model_config: DecoderConfig, batch_shape: tuple[int, i
     tokens = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
     boxed_params = jax.eval_shape(Transformer(model_config).init, jax.random.key(0), tokens)["params"]
     # The optimizer state of boxed params keeps the boxes, so mu/nu inherit the params' logical axes.
-    boxed_state = {"params": boxed_params, "opt_state": jax.eval_shape(make_optimizer().init, boxed_params)}
+    boxed_state = {
+        "params": boxed_params,
+        "opt_state": jax.eval_shape(make_optimizer(model_config.mu_dtype).init, boxed_params),
+    }
     return nn.unbox(boxed_state), nn.get_partition_spec(boxed_state)
 
 

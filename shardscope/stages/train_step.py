@@ -5,16 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from reference_models.decoder import Transformer, next_token_loss
 from shardscope.case.resolve import Case
 
 
-def make_optimizer() -> optax.GradientTransformation:
+def make_optimizer(mu_dtype: str = "") -> optax.GradientTransformation:
     """AdamW with a learning-rate schedule, as MaxText builds it: its state is (Adam's count, mu, nu),
-    weight decay's (empty), the schedule's count — the same tree MaxText's optimizer state has."""
-    return optax.adamw(learning_rate=optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1)
+    weight decay's (empty), the schedule's count — the same tree MaxText's optimizer state has. `mu_dtype`:
+    the first moment's dtype (MaxText's `mu_dtype`; "": the parameters')."""
+    return optax.adamw(
+        learning_rate=optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1, mu_dtype=mu_dtype or None
+    )
 
 
 def make_loss(case: Case):
@@ -37,7 +41,8 @@ def make_train_step(case: Case, zero1: tuple[Any, Any] | None = None):
     Explicit axes, where shardings are types, the gradients are split to it first; with Auto axes the
     compiler places them, as in MaxText's program)."""
     loss_of = make_loss(case)
-    optimizer = make_optimizer()
+    optimizer = make_optimizer(case.model.mu_dtype)
+    grad_dtype = jnp.dtype(case.model.grad_dtype)
     explicit = case.preset.shard_mode == "explicit"
     move = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
 
@@ -48,6 +53,8 @@ def make_train_step(case: Case, zero1: tuple[Any, Any] | None = None):
 
     def train_step(state, batch):
         loss, grads = jax.value_and_grad(loss_of)(placed(state["params"], compute), batch)
+        # MaxText casts float32 gradients to its `grad_dtype` before the optimizer.
+        grads = jax.tree.map(lambda g: g.astype(grad_dtype) if g.dtype == jnp.float32 else g, grads)
         if explicit:
             grads = placed(grads, stored)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
