@@ -18,8 +18,7 @@ from shardscope.case.tpu import libtpu_version
 BLOCKS = "kv:128,kv_compute:128,q_dkv:128,kv_dkv:128,kv_dkv_compute:128,q_dq:128,kv_dq:128"
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_the_kernel_is_causal_attention_with_fewer_kv_heads_and_a_narrower_value(fused):
+def test_the_kernel_is_causal_attention_with_fewer_kv_heads_and_a_narrower_value():
     # Pallas' interpreter runs the TPU kernel anywhere: values and gradients equal the reference attention,
     # with grouped queries (four query heads on two key/value heads) and MLA's narrower value head.
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -30,7 +29,7 @@ def test_the_kernel_is_causal_attention_with_fewer_kv_heads_and_a_narrower_value
     scale = 128**-0.5
 
     def kernel(q, k, v):
-        return local_splash_attention(q, k, v, scale=scale, blocks=blocks, fused_backward=fused, interpret=True)
+        return local_splash_attention(q, k, v, scale=scale, blocks=blocks, fused_backward=False, interpret=True)
 
     np.testing.assert_allclose(kernel(q, k, v), causal_attention(q, k, v, scale), atol=2e-5)
     grads = jax.grad(lambda *a: jnp.sum(kernel(*a) ** 2), argnums=(0, 1, 2))(q, k, v)

@@ -72,9 +72,10 @@ def predict_collectives(
     if (once or zero1) and case is not None:
         auto = plan.case.axis_types != "explicit"
         narrow = dot_operand_dtype(moved_dtype("float32", case))
-        carried = narrow if on_tpu and auto and pipeline is not None else None
-        rounds = pipeline.repeats if pipeline is not None else 1
-        summed_once = GatheredOnce(once, carried, rounds, narrow if on_tpu else None, zero1)
+        # A circular schedule picks each step's visit at a traced index: its gradient is whole at every step.
+        circular = pipeline is not None and pipeline.repeats > 1
+        carried = narrow if on_tpu and auto and pipeline is not None and not circular else None
+        summed_once = GatheredOnce(once, carried, narrow if on_tpu else None, zero1)
     for weight in every:
         dtype = moved_dtype(weight.record.dtype, case)
         # A TPU program narrows a float32 weight with head or expert dimensions before gathering it.

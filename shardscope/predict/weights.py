@@ -73,15 +73,14 @@ class GatheredOnce:
     its schedule (`pipeline.fsdp_gather_once`), and every weight over ZeRO-1's axis (`zero1`); and how the
     compiled step sums their gradient over those axes.
 
-    `carried`: the dtype a TPU program with Auto axes sums it in, after carrying the partial sums through
-    the schedule: once per round of a circular schedule, for the two blocks of layers each round's steps pick
-    between (`rounds`: the repeats), once for the stack otherwise. None: summed at every step, as over any
-    token axis (a CPU program; Explicit axes, whose types make every step's gradient whole), in `per_step`
-    (a TPU program's: the matmul's output type, None: the gradient's)."""
+    `carried`: the dtype a TPU program with Auto axes sums it in, once for the stack, after carrying the
+    partial sums through a schedule of one visit per stage. None: summed at every step, as over any token
+    axis (a CPU program; Explicit axes, whose types make every step's gradient whole; a circular schedule,
+    whose steps pick their visit's layers at a traced index), in `per_step` (a TPU program's: the matmul's
+    output type, None: the gradient's)."""
 
     axes: tuple[str, ...] = ()
     carried: str | None = None
-    rounds: int = 1
     per_step: str | None = None
     zero1: tuple[str, ...] = ()
 
@@ -111,11 +110,10 @@ def gradient_sum(
     after = in_mesh_order(plan, set(axes) & whole_over) if weight.stack_axes else ()
     rows: list[CollectiveRow] = []
     if after and once.carried is not None:
-        # Each round's steps pick between two blocks of `per_trip` layers; without rounds, a trip is the stage.
-        count, trips = (2 * weight.per_trip, once.rounds) if once.rounds > 1 else (weight.per_trip, 1)
+        # A trip is the stage: its layers' gradients summed once.
         rows.append(
             collective_row(
-                "all-reduce", after, weight.layer_shape, once.carried, "backward", weight.module, cause, count, trips
+                "all-reduce", after, weight.layer_shape, once.carried, "backward", weight.module, cause, weight.per_trip
             )
         )
         axes = tuple(a for a in axes if a not in after)

@@ -7,8 +7,9 @@ op, overlapped with the collectives of the same loop body):
   the weight as that device holds it then (gathered over FSDP axes, still split over tensor or expert axes);
   HBM bytes: the weight's slice and the tokens in and out;
 - an expert's matmul runs on its capacity slots (dropless: every token a peer sends), as the MoE body does;
-- attention's scores and values: 2·(q·k + p·v) per query, key pair, on the heads a device holds; half of
-  it under a causal flash kernel, which skips the blocks above the diagonal;
+- attention's scores and values: 2·(q·k + p·v) per query, key pair, on the heads a device holds; under a
+  causal flash kernel the blocks on and below the diagonal only, as kernel work (FLOPs, scores kept on
+  chip), its backward pass the kernel's (3.5 forwards, 2.5 with the fused kernel);
 - the backward pass doubles each matmul (the gradients of the input and of the weight), and full remat runs
   the forward pass once more;
 - elementwise work (norms, activations, the residual stream): each recorded activation written and read
@@ -21,6 +22,7 @@ included), each trip one repeat's layers on one microbatch. Everything here is p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,8 +45,6 @@ from shardscope.predict.layout import (
     stack_of,
 )
 
-# Passes a layer's work runs in, and how many times its forward work each runs (remat adds a forward).
-_BACKWARD_FACTOR = 2
 # HBM passes over a MoE block's slots per forward pass: zeroed, scattered into, read by the expert matmuls,
 # and the outputs' slots read back by the combine.
 _DISPATCH_PASSES = 4
@@ -72,6 +72,7 @@ class _Use:
     trips: int
     bubble: float
     recomputed: bool = True  # the backward pass runs it again (remat), unless the policy keeps its output
+    backward: float = 2.0  # its backward work in forwards (a matmul: the input's and the weight's gradients)
 
 
 def _bubble(case: Case | None, weight: Weight, tokens: int, micro_tokens: int) -> float:
@@ -171,12 +172,25 @@ def _dense_dispatch(
     return [use, use]  # the dispatch and the combine
 
 
+# A flash kernel's backward work in forwards: the query-gradient kernel's three [L × S] matmuls and the
+# key/value-gradient kernel's four (or the fused kernel's five), against the forward pass's two.
+_KERNEL_BACKWARD = {False: 7 / 2, True: 5 / 2}
+
+
+def _causal_blocks(seq: int, block: int) -> float:
+    """The fraction of [query × key] blocks a causal kernel of `block`-row blocks visits (the diagonal ones
+    whole): (n + 1) / 2n of n × n blocks."""
+    count = max(1, seq // max(1, min(block, seq)))
+    return (count + 1) / (2 * count)
+
+
 def _attention_uses(
     plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int, kept: bool
 ) -> list[_Use]:
-    """Scores and weighted values of each attention block whose query, key and value the plan records."""
+    """Scores and weighted values of each attention block whose query, key and value the plan records: under
+    a flash kernel, its block grid's work, with the kernel's backward (see `predicted_work`)."""
     tensors = plan.tensor_map
-    causal_kernel = case is not None and case.model.attention_kernel != "dot_product"
+    causal_kernel = case is not None and case.model.uses_flash_attention
     uses: list[_Use] = []
     for path, query in plan.tensors:
         if query.kind != "activation" or not path.endswith(_ATTENTION_QUERY) or len(query.shard_shape) != 4:
@@ -187,7 +201,8 @@ def _attention_uses(
             continue
         batch, length, heads, qk = query.shard_shape
         keys = key.shape[1]  # every key: a query shard attends to the whole sequence
-        pairs = batch * length * heads * keys * (0.5 if causal_kernel else 1.0)
+        visited = _causal_blocks(keys, case.model.attention_block) if case is not None and causal_kernel else 1.0
+        pairs = batch * length * heads * keys * visited
         flops = 2.0 * pairs * (qk + value.shape[-1])
         # Scores are not written to HBM by a kernel; the stand-in (dot_product) writes and reads them.
         score_bytes = 0.0 if causal_kernel else pairs * nbytes((1,), query.dtype) * 2
@@ -195,7 +210,8 @@ def _attention_uses(
         stack = stack_of(module, every)
         trips = stack.loop_trips if stack is not None else 1
         bubble = _bubble(case, stack, tokens, micro) if stack is not None else 1.0
-        uses.append(_Use(flops, io + score_bytes, trips, bubble, not kept))
+        backward = _KERNEL_BACKWARD[case.model.attention_fused_backward] if case is not None and causal_kernel else 2.0
+        uses.append(_Use(flops, io + score_bytes, trips, bubble, not kept, backward))
     return uses
 
 
@@ -230,7 +246,7 @@ def _bins(uses: Iterable[_Use], kind: str, remat: bool) -> list[WorkBin]:
     totals: dict[tuple[str, int], list[float]] = {}
     for use in uses:
         again = 1.0 if remat and use.recomputed else 0.0
-        passes = (("forward", 1.0), ("backward", _BACKWARD_FACTOR + again))
+        passes = (("forward", 1.0), ("backward", use.backward + again))
         for pass_, factor in passes:
             entry = totals.setdefault((pass_, use.trips), [0.0, 0.0, 0.0])
             scale = factor * use.trips * use.bubble
@@ -267,12 +283,18 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     matrices = [w for w in every if not _is_vector(w)]
     experts = [w for w in matrices if grouped and w.is_expert]
     matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
-    matmuls += _attention_uses(plan, every, case, tokens, micro, "context" in saved)
+    attention = _attention_uses(plan, every, case, tokens, micro, "context" in saved)
+    # A flash kernel keeps its scores on chip: priced as the kernel (its FLOPs at the kernel's efficiency, as
+    # a compiled plan's kernel ops are), a plain attention as the matmuls it is.
+    flash = case is not None and case.model.uses_flash_attention
+    matmuls += [] if flash else attention
     kernel = [_weight_use(plan, w, case, tokens, micro, saved) for w in experts]
     dispatch = _dispatch(plan, every, case, tokens, micro)
     matmuls += [use for use in dispatch if use.flops]  # MaxText's dense MoE: one-hot matmuls
     elementwise = _elementwise(plan, every, case, tokens, micro) + [use for use in dispatch if not use.flops]
     bins = _bins(matmuls, "matmul", remat) + _bins(kernel, "grouped", remat) + _bins(elementwise, "memory", remat)
+    if flash:
+        bins += [dataclasses.replace(b, bytes=0, intensity=None) for b in _bins(attention, "kernel", remat)]
     bins.append(WorkBin("memory", "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
     bins += _visit_gradients(plan, every, case)
     return tuple(sorted(bins, key=lambda entry: entry.key))
