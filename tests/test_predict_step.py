@@ -42,8 +42,8 @@ def traffic_by_axes(plan: Plan) -> dict[tuple[str, ...], float]:
     ("name", "generation"),
     [
         ("llama3.1-70b_v6e-32_tr014.cpu", "v6e"),
-        ("llama3.1-8b_v6e-16_tr014.tpu", "v6e"),
-        ("llama3.1-70b_tpu7x-128_8k_iw.tpu", "tpu7x"),
+        ("llama3.1-8b_v6e-16_tr014.cpu", "v6e"),
+        ("llama3.1-70b_tpu7x-128_8k_iw.cpu", "tpu7x"),
         ("llama2-70b_v5p-1024_tiering.cpu", "v5p"),
     ],
 )

@@ -116,7 +116,11 @@ def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micr
         features = math.prod(shape[d] for d in inputs) + math.prod(shape[d] for d in outputs)
         io = tokens * features * itemsize if shape else 0
     weight_bytes = nbytes(shape, weight.record.dtype)
-    again = recomputed(weight, saved)
+    # An output projection whose result only joins the residual stream (attention's `out`, a dense MLP's
+    # `wo`) is not run again: the gradients need its input, not its output, so the compiler drops it from
+    # the rematerialised forward pass (an expert's `wo` is needed: the combine weights its output).
+    feeds_residual = weight.module.rsplit("/", 1)[-1] in ("out", "wo") and not weight.is_expert
+    again = recomputed(weight, saved) and not feeds_residual
     return _Use(flops, weight_bytes + io, weight.loop_trips, _bubble(case, weight, tokens, micro), again)
 
 
