@@ -213,7 +213,8 @@ def _attention_uses(
         io = sum(t.bytes_per_device for t in (query, key, value))
         stack = stack_of(module, every)
         trips = stack.loop_trips if stack is not None else 1
-        bubble = _bubble(case, stack, tokens, micro) if stack is not None else 1.0
+        # Inside a pipeline the recorded query is one microbatch's already: each trip runs it once per layer.
+        bubble = _bubble(case, stack, tokens, tokens) if stack is not None else 1.0
         backward = _KERNEL_BACKWARD[case.model.attention_fused_backward] if case is not None and causal_kernel else 2.0
         uses.append(_Use(flops, io + score_bytes, trips, bubble, not kept, backward))
     return uses
@@ -307,20 +308,34 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
 # HBM passes per pipeline step over a weight's visit-gradient buffer: written (materialised), then read with
 # the gradient it is added into, which is written back.
 _VISIT_GRADIENT_PASSES = 4
+_AUTO_VISIT_PASSES = 2
 
 
 def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -> list[WorkBin]:
-    """A circular pipeline with Explicit axes whose stage weights are split beyond the stage axis (FSDP):
-    each step's weight gradient is a buffer of every visit's weights, materialised and added into the split
-    gradient (reference_models.pipeline `_pick_visit`): per step, that many passes over each such weight as a
-    device holds it."""
+    """A circular pipeline's per-step passes over its stage's weights. With Explicit axes, where the stage
+    weights are split beyond the stage axis (FSDP): each step's weight gradient is a buffer of every visit's
+    weights, materialised and added into the split gradient (reference_models.pipeline `_pick_visit`): per
+    step, that many passes over each such weight as a device holds it. With Auto axes, the update of the
+    gradient buffer the traced-index pick makes (`_AUTO_VISIT_PASSES`)."""
     pipeline = None if case is None else case.preset.pipeline
-    if case is None or pipeline is None or pipeline.repeats < 2 or case.preset.shard_mode != "explicit":
+    if case is None or pipeline is None or pipeline.repeats < 2:
         return []
     sizes = mesh_sizes(plan)
     bins = []
     for weight in every:
         if not weight.stack_axes:
+            continue
+        if case.preset.shard_mode != "explicit":
+            # With Auto axes the step's pick at a traced index transposes to an update of a buffer of all the
+            # stage's layers, as the layers use them (gathered once, in the activations' dtype): read and
+            # written once per step.
+            gathered = math.prod(sizes.get(a, 1) for a in pipeline.gathered_once if a not in weight.stack_axes)
+            narrowed = nbytes((1,), case.model.dtype) / nbytes((1,), weight.record.dtype)
+            nbytes_ = round(_AUTO_VISIT_PASSES * weight.record.bytes_per_device * gathered * narrowed)
+            nbytes_ *= weight.loop_trips
+            bins.append(
+                WorkBin("memory", "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips)
+            )
             continue
         # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
         split = {axis for entry in weight.record.spec for axis in entry_axes(entry)} - set(weight.stack_axes)
