@@ -300,7 +300,8 @@ def maxtext_memory(run: dict[str, Any]) -> tuple[float, str] | None:
     memory = (run.get("measured") or {}).get("memory") or {}
     estimate = memory.get("compiler_estimate") or {}
     if "total_estimated_memory_size" in estimate:
-        return float(estimate["total_estimated_memory_size"]) * 1e9, "static sum"
+        # MaxText logs it as "GB" but divides by 1024³ (max_utils.print_compiled_memory_stats): GiB.
+        return float(estimate["total_estimated_memory_size"]) * 2**30, "static sum"
     if "measured_memory_bytes" in run:
         return float(run["measured_memory_bytes"]), "peak"
     return None
