@@ -76,9 +76,16 @@ def test_tpu_memory_is_the_compilers_and_cpu_memory_is_estimated(v5p_plan):
     memory = dict(v5p_plan.memory)
     exact = _estimate(v5p_plan).memory
     assert exact.source == EXACT and exact.exact
-    assert exact.total == (
-        memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
+    # The need is the compiler's peak, below the static sum of its figures (which adds temporaries never
+    # alive together).
+    static = memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
+    assert exact.total == memory["peak_bytes"] < static
+    assert dict(exact.categories)["temp_at_peak"] == (
+        memory["peak_bytes"] - memory["argument_bytes"] - (memory["output_bytes"] - memory["alias_bytes"])
     )
+    # A TPU plan made before the peak was recorded: the static sum.
+    older = dataclasses.replace(v5p_plan, memory=tuple((k, v) for k, v in v5p_plan.memory if k != "peak_bytes"))
+    assert _estimate(older).memory.total == static
     assert exact.capacity == 95 * 2**30 and exact.fits and exact.over == 0
 
     cpu = load_golden(GOLDEN / "cpu-8" / "ep-as-cp.json")

@@ -108,12 +108,11 @@ def test_a_circular_pipeline_rotates_once_per_step_of_its_longer_schedule(model,
     permutes = [r for r in plan.collectives if r.op == "collective-permute" and r.axes == ("stage",)]
     assert stages == 2
     # microbatches · repeats + stages - 1 steps, each ending in a rotation, and the backward pass runs each
-    # transposed. With Auto axes the schedule runs as rounds and a drain; with two stages the drain is one
-    # step, which the compiler runs unrolled, and its rotation (whose result nothing uses) is dropped. With
-    # Explicit axes every step is one loop (each picks its visit's weights), whose last rotation stays.
+    # transposed: every step is one loop (each picks its visit's weights at a traced index, with Auto axes as
+    # with Explicit ones), whose last rotation stays.
     steps = microbatches * repeats + stages - 1
     runs = {p: sum(r.count * r.loop_trips for r in permutes if r.pass_ == p) for p in ("forward", "backward")}
-    assert runs == {"forward": steps if mode == "explicit" else steps - 1, "backward": steps}
+    assert runs == {"forward": steps, "backward": steps}
 
 
 def test_shard_shape_and_bytes_follow_the_spec(tiny_plans):
