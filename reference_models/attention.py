@@ -32,15 +32,21 @@ FLASH_SCOPE = "flash_attention"  # shardscope.hlo.work.KERNEL_SCOPE names the sa
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, offset: int = 0) -> jax.Array:
     """Softmax attention with a causal mask; k/v may have fewer heads than q (grouped queries). The queries
     sit at positions `offset`, `offset + 1`, … of the keys' sequence."""
-    batch, seq, heads, dim = q.shape
-    groups = heads // k.shape[2]
-    q = q.reshape(batch, seq, k.shape[2], groups, dim)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", q, k).astype(jnp.float32) * scale
-    mask = jnp.arange(seq)[:, None] + offset >= jnp.arange(k.shape[1])[None, :]
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    batch, seq, heads, _ = q.shape
+    probs = jax.nn.softmax(_row_scores(q, k, scale, offset), axis=-1).astype(v.dtype)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
     return out.reshape(batch, seq, heads, v.shape[-1])
+
+
+def _grouped(q: jax.Array, kv_heads: int) -> jax.Array:
+    """q [batch, rows, heads, dim] as [batch, rows, kv heads, query heads per kv head, dim]."""
+    batch, rows, heads, dim = q.shape
+    return q.reshape(batch, rows, kv_heads, heads // kv_heads, dim)
+
+
+def _causal_mask(rows: int, keys: int, first: int) -> jax.Array:
+    """[rows, keys]: whether query row `first + i` may see key j."""
+    return jnp.arange(rows)[:, None] + first >= jnp.arange(keys)[None, :]
 
 
 def blockwise_causal_attention(
@@ -63,11 +69,8 @@ def blockwise_causal_attention(
 
 def _row_scores(q: jax.Array, k: jax.Array, scale: float, first: int) -> jax.Array:
     """Masked float32 scores [batch, kv heads, groups, rows, keys] of query rows `first`… against k."""
-    batch, rows, heads, dim = q.shape
-    grouped = q.reshape(batch, rows, k.shape[2], heads // k.shape[2], dim)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", grouped, k).astype(jnp.float32) * scale
-    mask = jnp.arange(rows)[:, None] + first >= jnp.arange(k.shape[1])[None, :]
-    return jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", _grouped(q, k.shape[2]), k).astype(jnp.float32) * scale
+    return jnp.where(_causal_mask(q.shape[1], k.shape[1], first), scores, jnp.finfo(jnp.float32).min)
 
 
 def _row_forward(q, k, v, scale, first, last, fused_backward):
@@ -97,10 +100,9 @@ def _kernel_gradients(scale, first, last, fused_backward, residuals, d_out):
     query pass's (the two kernels share none of their work)."""
     q_all, k_all, v_all, out, lse = residuals
     q, k, v = q_all[:, first:last], k_all[:, :last], v_all[:, :last]
-    batch, rows, heads, dim = q.shape
-    groups = heads // k.shape[2]
-    q_grouped = q.reshape(batch, rows, k.shape[2], groups, dim)
-    d_grouped = d_out.reshape(batch, rows, k.shape[2], groups, v.shape[-1])
+    batch, rows = q.shape[:2]
+    q_grouped, d_grouped = _grouped(q, k.shape[2]), _grouped(d_out, k.shape[2])
+    groups = q_grouped.shape[3]
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     delta = delta.reshape(batch, rows, k.shape[2], groups).transpose(0, 2, 3, 1)[..., None]  # [b,h,g,q,1]
 
@@ -108,7 +110,7 @@ def _kernel_gradients(scale, first, last, fused_backward, residuals, d_out):
     # forward pass scales them after), so the compiler cannot take them from the rematerialised forward pass.
     scaled = (q_grouped.astype(jnp.float32) * scale).astype(q.dtype)
     scores = jnp.einsum("bqhgd,bkhd->bhgqk", scaled, k).astype(jnp.float32)
-    mask = jnp.arange(rows)[:, None] + first >= jnp.arange(k.shape[1])[None, :]
+    mask = _causal_mask(rows, k.shape[1], first)
     probs = jnp.exp(jnp.where(mask, scores, jnp.finfo(jnp.float32).min) - lse)
     d_probs = jnp.einsum("bqhgd,bkhd->bhgqk", d_grouped, v).astype(jnp.float32)
     d_scores = probs * (d_probs - delta) * scale

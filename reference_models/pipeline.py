@@ -115,7 +115,7 @@ def run_pipeline(
     # the microbatches cross the stage boundary in float32; the values are the same (the CPU route prices
     # that sum in the 16-bit type it holds), and the TPU program is untouched.
     inner_dtype = micro.dtype
-    if _on_cpu(context) and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
+    if context.platform == "cpu" and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
         micro = micro.astype(jnp.float32)
 
     def chosen_layer(blocks, visit, hidden):
@@ -283,10 +283,6 @@ def _pick_visit_backward(residuals: tuple[jax.Array, jax.Array], grad: jax.Array
 
 
 _pick_visit.defvjp(_pick_visit_forward, _pick_visit_backward)
-
-
-def _on_cpu(context: ShardingContext) -> bool:
-    return context.mesh.devices.flat[0].platform == "cpu"
 
 
 def _to_microbatches(context: ShardingContext, x: jax.Array, count: int, batch_spec: PartitionSpec) -> jax.Array:

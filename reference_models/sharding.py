@@ -55,6 +55,11 @@ class ShardingContext:
         """Whether the mesh's axes are Explicit (shardings are part of array types)."""
         return is_explicit(self.mesh)
 
+    @property
+    def platform(self) -> str:
+        """The platform the step is traced for: "cpu" or "tpu" (a TPU topology compiled ahead of time)."""
+        return str(self.mesh.devices.flat[0].platform)
+
 
 _CURRENT: contextvars.ContextVar[ShardingContext | None] = contextvars.ContextVar("sharding_context", default=None)
 # Module path of a layer applied on its own (the pipeline applies one layer at a time), so that what it

@@ -28,19 +28,13 @@ from reference_models.sharding import ambient_mesh, current_context, entry_axes,
 _LANES = 128  # a TPU vector register's lanes: the kernel's blocks are multiples of it
 
 
-def on_tpu() -> bool:
-    """Whether the step being traced is compiled for TPU devices."""
-    context = current_context()
-    return context is not None and context.mesh.devices.flat[0].platform == "tpu"
-
-
 def splash_attention(
     config: DecoderConfig, q: jax.Array, k: jax.Array, v: jax.Array, scale: float, logical: tuple[str, ...]
 ) -> jax.Array | None:
     """Causal attention of q [batch, seq, heads, dim] over k, v (as many or fewer heads) by the splash
     kernel, split as `logical` places q, k and v; None where the kernel does not run (see the module)."""
     context = current_context()
-    if context is None or not on_tpu():
+    if context is None or context.platform != "tpu":
         return None
     spec = tuple(context.resolve(logical)) + (None,) * 4
     batch, length, heads, dim = spec[:4]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from shardscope.hlo.executions import Program
 from shardscope.hlo.metadata import pass_of, split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
-from shardscope.hlo.shapes import async_start_output, shape_info
+from shardscope.hlo.shapes import async_start_output, shape_info, tuple_elements
 from shardscope.hlo.work import (
     NO_ACCESS,
     fused_computations,
@@ -47,7 +47,7 @@ from shardscope.hlo.work import (
     wrapped_opcode,
 )
 
-__all__ = ["GROUPED_SCOPE", "KERNEL_SCOPE", "KINDS", "WorkBin", "work_profile"]
+__all__ = ["GROUPED_SCOPE", "KERNEL_SCOPE", "KINDS", "WorkBin", "causal_block_fraction", "work_profile"]
 
 KERNEL_SCOPE = "flash_attention"  # the reference models' named scope around the attention kernel stand-in
 GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when they run grouped
@@ -155,9 +155,7 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
     value_dim = qk[2][3] if len(qk) > 2 else dim
     grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
-    visited = 1.0
-    if grid is not None and grid[0] == grid[1] and grid[0] > 0:
-        visited = (grid[0] + 1) / (2 * grid[0])
+    visited = causal_block_fraction(grid[0]) if grid is not None and grid[0] == grid[1] and grid[0] > 0 else 1.0
     kind = match.group(1)
     if kind == "dkv" and _gradient_outputs(instruction.shape) >= 3:
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
@@ -165,10 +163,16 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
 
 
+def causal_block_fraction(blocks: int) -> float:
+    """The fraction of an n × n grid of [query × key] blocks a causal kernel visits, the diagonal's whole:
+    (n + 1) / 2n."""
+    return (blocks + 1) / (2 * blocks)
+
+
 def _gradient_outputs(shape: str) -> int:
     """How many of a kernel's results are gradient arrays (float, rank 4 or more; the rest is scratch)."""
-    parts = split_outside_brackets(shape.strip()[1:-1], ",") if shape.strip().startswith("(") else [shape]
-    arrays = [shape_info(part.strip()) for part in parts if part.strip()]
+    parts = tuple_elements(shape.strip()) if shape.strip().startswith("(") else [shape]
+    arrays = [shape_info(part) for part in parts]
     return sum(1 for dtype, dims, _ in arrays if len(dims) >= 4 and dtype.startswith(("bfloat16", "float")))
 
 

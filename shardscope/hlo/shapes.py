@@ -82,8 +82,8 @@ def hbm_bytes(shape: str) -> int:
     return total
 
 
-def _top_level(text: str) -> list[str]:
-    """Elements of the bracketed list that `text` starts with."""
+def tuple_elements(text: str) -> list[str]:
+    """Elements of the bracketed list that `text` starts with (a tuple shape's top-level shapes)."""
     return [p.strip() for p in split_outside_brackets(text[1 : matching_bracket(text, 0)], ",") if p.strip()]
 
 
@@ -96,7 +96,7 @@ def async_start_output(shape: str, op: str) -> str:
     text = _COMMENT_RE.sub("", shape).strip()
     if not text.startswith("("):
         return shape
-    parts = _top_level(text)
+    parts = tuple_elements(text)
     if len(parts) >= 2 and (parts[0].startswith("(") or op != "all-reduce"):
         return parts[1]
     return shape

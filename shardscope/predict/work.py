@@ -27,9 +27,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from reference_models.config import DecoderConfig
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
-from shardscope.hlo.profile import WorkBin
+from shardscope.hlo.profile import WorkBin, causal_block_fraction
 from shardscope.plan.document import Plan
 from shardscope.predict.layout import (
     Placement,
@@ -181,20 +182,11 @@ def _dense_dispatch(
 _KERNEL_BACKWARD = {False: 7 / 2, True: 5 / 2}
 
 
-def _causal_blocks(seq: int, block: int) -> float:
-    """The fraction of [query × key] blocks a causal kernel of `block`-row blocks visits (the diagonal ones
-    whole): (n + 1) / 2n of n × n blocks."""
-    count = max(1, seq // max(1, min(block, seq)))
-    return (count + 1) / (2 * count)
-
-
-def _attention_uses(
-    plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int, kept: bool
-) -> list[_Use]:
+def _attention_uses(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, kept: bool) -> list[_Use]:
     """Scores and weighted values of each attention block whose query, key and value the plan records: under
-    a flash kernel, its block grid's work, with the kernel's backward (see `predicted_work`)."""
+    a flash kernel (`flash_kernel`), its causal block grid's work, with the kernel's backward."""
     tensors = plan.tensor_map
-    causal_kernel = case is not None and case.model.uses_flash_attention
+    kernel = flash_kernel(case)
     uses: list[_Use] = []
     for path, query in plan.tensors:
         if query.kind != "activation" or not path.endswith(_ATTENTION_QUERY) or len(query.shard_shape) != 4:
@@ -205,19 +197,24 @@ def _attention_uses(
             continue
         batch, length, heads, qk = query.shard_shape
         keys = key.shape[1]  # every key: a query shard attends to the whole sequence
-        visited = _causal_blocks(keys, case.model.attention_block) if case is not None and causal_kernel else 1.0
-        pairs = batch * length * heads * keys * visited
+        blocks = max(1, keys // max(1, min(kernel.attention_block, keys))) if kernel is not None else 0
+        pairs = batch * length * heads * keys * (causal_block_fraction(blocks) if kernel is not None else 1.0)
         flops = 2.0 * pairs * (qk + value.shape[-1])
         # Scores are not written to HBM by a kernel; the stand-in (dot_product) writes and reads them.
-        score_bytes = 0.0 if causal_kernel else pairs * nbytes((1,), query.dtype) * 2
+        score_bytes = 0.0 if kernel is not None else pairs * nbytes((1,), query.dtype) * 2
         io = sum(t.bytes_per_device for t in (query, key, value))
         stack = stack_of(module, every)
         trips = stack.loop_trips if stack is not None else 1
         # Inside a pipeline the recorded query is one microbatch's already: each trip runs it once per layer.
         bubble = _bubble(case, stack, tokens, tokens) if stack is not None else 1.0
-        backward = _KERNEL_BACKWARD[case.model.attention_fused_backward] if case is not None and causal_kernel else 2.0
+        backward = _KERNEL_BACKWARD[kernel.attention_fused_backward] if kernel is not None else 2.0
         uses.append(_Use(flops, io + score_bytes, trips, bubble, not kept, backward))
     return uses
+
+
+def flash_kernel(case: Case | None) -> DecoderConfig | None:
+    """The model, when its attention runs as a flash kernel (None: plain attention, or no case)."""
+    return case.model if case is not None and case.model.uses_flash_attention else None
 
 
 def _elementwise(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
@@ -288,10 +285,10 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     matrices = [w for w in every if not _is_vector(w)]
     experts = [w for w in matrices if grouped and w.is_expert]
     matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
-    attention = _attention_uses(plan, every, case, tokens, micro, "context" in saved)
+    attention = _attention_uses(plan, every, case, tokens, "context" in saved)
     # A flash kernel keeps its scores on chip: priced as the kernel (its FLOPs at the kernel's efficiency, as
     # a compiled plan's kernel ops are), a plain attention as the matmuls it is.
-    flash = case is not None and case.model.uses_flash_attention
+    flash = flash_kernel(case) is not None
     matmuls += [] if flash else attention
     kernel = [_weight_use(plan, w, case, tokens, micro, saved) for w in experts]
     dispatch = _dispatch(plan, every, case, tokens, micro)
@@ -331,17 +328,14 @@ def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -
             # written once per step.
             gathered = math.prod(sizes.get(a, 1) for a in pipeline.gathered_once if a not in weight.stack_axes)
             narrowed = nbytes((1,), case.model.dtype) / nbytes((1,), weight.record.dtype)
-            nbytes_ = round(_AUTO_VISIT_PASSES * weight.record.bytes_per_device * gathered * narrowed)
-            nbytes_ *= weight.loop_trips
-            bins.append(
-                WorkBin("memory", "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips)
-            )
-            continue
-        # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
-        split = {axis for entry in weight.record.spec for axis in entry_axes(entry)} - set(weight.stack_axes)
-        if not any(sizes.get(axis, 1) > 1 for axis in split - {case.preset.shard_optimizer_over}):
-            continue
-        nbytes_ = _VISIT_GRADIENT_PASSES * weight.record.bytes_per_device * weight.loop_trips
+            per_step = round(_AUTO_VISIT_PASSES * weight.record.bytes_per_device * gathered * narrowed)
+        else:
+            # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
+            split = {axis for entry in weight.record.spec for axis in entry_axes(entry)} - set(weight.stack_axes)
+            if not any(sizes.get(axis, 1) > 1 for axis in split - {case.preset.shard_optimizer_over}):
+                continue
+            per_step = _VISIT_GRADIENT_PASSES * weight.record.bytes_per_device
+        nbytes_ = per_step * weight.loop_trips
         bins.append(
             WorkBin("memory", "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips)
         )
