@@ -102,6 +102,10 @@ class DecoderConfig:
     # program computes the same slots either way; "grouped" names them `GROUPED_SCOPE` so that the cost
     # model prices them as the kernel runs.
     expert_matmul: str = "dense"
+    # MaxText's `shard_exp_on_fsdp`: the expert weights keep their expert dimension on the FSDP axes
+    # (("embed_moe", -, "mlp_moe") instead of ("exp", "embed_moe", "mlp_moe")), so that gathering them for the
+    # expert matmuls concatenates whole experts instead of interleaving rows of each.
+    shard_experts_on_fsdp: bool = False
     # The batch a train step sees: `global_batch` sequences if set, else `per_device_batch` per device
     # (MaxText's per_device_batch_size; fractional when the sequence is split over devices).
     seq_len: int

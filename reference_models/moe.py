@@ -4,7 +4,9 @@ Parameters and placements follow MaxText's `RoutedMoE`: a `gate` (`kernel`, and 
 router), expert weights `wi_0`/`wi_1` [exp, embed_moe, mlp_moe] and `wo` [exp, mlp_moe, embed_moe]; the
 block's `inputs` and `gate_logits` are placed on (activation_batch, activation_norm_length, -), and the
 expert weights on the spec of (exp, -, mlp_no_fsdp) with FSDP removed (MaxText's `w0_kernel`, ...): they
-are gathered over FSDP once, where they enter the expert computation.
+are gathered over FSDP once, where they enter the expert computation. Under MaxText's `shard_exp_on_fsdp`
+the expert weights are stored [exp on embed_moe's axes, -, mlp_moe] and placed whole but for mlp_no_fsdp,
+so the gather concatenates whole experts.
 
 Two strategies run the experts, chosen by the preset's `moe` setting:
 - `all_to_all`: each device scatters its tokens into per-expert slots, an all-to-all over the
@@ -44,9 +46,14 @@ from reference_models.sharding import ambient_mesh, constrain, constrain_physica
 _TOKENS = ("activation_batch", "activation_norm_length", None)
 _WI = ("exp", "embed_moe", "mlp_moe")
 _WO = ("exp", "mlp_moe", "embed_moe")
-# Where MaxText's sparse (megablox) path places the expert weights, before removing FSDP from the spec.
+# Under MaxText's `shard_exp_on_fsdp` ("special sharding for dsv3"): the expert dimension on the FSDP axes
+# (`embed_moe`'s) and the model dimension whole.
+_WI_ON_FSDP = ("embed_moe", None, "mlp_moe")
+_WO_ON_FSDP = ("embed_moe", "mlp_moe", None)
+# Where MaxText's sparse (megablox) path places the expert weights, before removing FSDP from the spec; under
+# `shard_exp_on_fsdp` with no expert dimension (MaxText allows it without expert parallelism only).
 _WI_PLACED = ("exp", None, "mlp_no_fsdp")
-_WO_PLACED = ("exp", "mlp_no_fsdp", None)
+_WI_PLACED_ON_FSDP = (None, None, "mlp_no_fsdp")
 # The mesh axis MaxText's MoE gathers the expert weights over before the expert computation.
 _GATHERED_AXIS = "fsdp"
 
@@ -332,9 +339,10 @@ class RoutedMoE(nn.Module):
         cfg = self.config
         experts, embed = cfg.num_experts, x.shape[-1]
         gate_logits, pre_bias_logits = GateLogit(cfg, self.gate_logical, name="gate")(x)
-        wi_0 = logical_param(self, "wi_0", (experts, embed, self.hidden), _WI)
-        wi_1 = logical_param(self, "wi_1", (experts, embed, self.hidden), _WI)
-        wo = logical_param(self, "wo", (experts, self.hidden, embed), _WO)
+        wi_axes, wo_axes = (_WI_ON_FSDP, _WO_ON_FSDP) if cfg.shard_experts_on_fsdp else (_WI, _WO)
+        wi_0 = logical_param(self, "wi_0", (experts, embed, self.hidden), wi_axes)
+        wi_1 = logical_param(self, "wi_1", (experts, embed, self.hidden), wi_axes)
+        wo = logical_param(self, "wo", (experts, self.hidden, embed), wo_axes)
         inputs = constrain(self.path, "inputs", x, _TOKENS)
         gate_logits = constrain(self.path, "gate_logits", gate_logits, _TOKENS)
         if pre_bias_logits is not None:
@@ -349,7 +357,8 @@ class RoutedMoE(nn.Module):
         token_axes = {a for entry in token_spec for a in entry_axes(entry)}
         # Weights gathered over FSDP; a hidden-dimension axis that also splits the tokens is gathered too
         # (adding partial sums over it would mix different tokens).
-        wi_spec = _without(context.resolve(_WI_PLACED), {_GATHERED_AXIS})
+        placed = _WI_PLACED_ON_FSDP if cfg.shard_experts_on_fsdp else _WI_PLACED
+        wi_spec = _without(context.resolve(placed), {_GATHERED_AXIS})
         ep_axes = entry_axes(wi_spec[0])
         tp_axes = tuple(a for a in entry_axes(wi_spec[2]) if a not in token_axes)
         wi_spec = PartitionSpec(wi_spec[0], None, _axis(tp_axes) if tp_axes else None)

@@ -197,3 +197,12 @@ def test_zero1_step_equals_single_device(model, mode, compile_cached, references
     assert [s.spec for s in jax.tree.leaves(stored["params"])] == split
     state, batch, reference = references(model)
     assert_same_step(step, state, batch, reference)
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_experts_sharded_on_fsdp_give_the_single_device_loss(model, compiled_cases, references):
+    # MaxText's shard_exp_on_fsdp: the expert weights stored with their expert dimension on FSDP.
+    state, batch, reference = references(model)
+    step = compiled_cases(model, "default", **{"model.shard_experts_on_fsdp": "true"})
+    assert step.case.model.shard_experts_on_fsdp
+    assert_same_step(step, state, batch, reference)

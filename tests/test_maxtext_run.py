@@ -213,3 +213,16 @@ def test_weight_dtype_sets_the_parameters_and_the_optimizer_state_that_follows_t
             assert (record.dtype, record.bytes_per_device) == ("bfloat16", reference.bytes_per_device // 2), path
             checked[record.kind] += 1
     assert checked["param"] > 5 and checked["opt_state"] == 2 * checked["param"], checked
+
+
+def test_a_renamed_key_is_read_under_maxtexts_current_name():
+    # The Ironwood recipes' `fsdp_shard_on_exp` (maxtext-tutorial-v1.5.0) is today's `shard_exp_on_fsdp`.
+    words = f"{TINY} ici_fsdp_parallelism=-1"
+    for key in ("fsdp_shard_on_exp", "shard_exp_on_fsdp"):
+        case, run = resolve_maxtext_case("deepseek-tiny", None, "cpu-8", f"{words} {key}=true")
+        assert case.model.shard_experts_on_fsdp, key
+        assert not any("not modelled" in line for line in run.warnings), run.warnings
+    case, _ = resolve_maxtext_case("deepseek-tiny", None, "cpu-8", words)
+    assert not case.model.shard_experts_on_fsdp
+    with pytest.raises(ShardscopeError, match="earlier name of shard_exp_on_fsdp"):
+        resolve_maxtext_case("deepseek-tiny", None, "cpu-8", f"{words} fsdp_shard_on_exp=true shard_exp_on_fsdp=true")

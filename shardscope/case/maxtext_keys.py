@@ -19,6 +19,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "opt_type": ("adamw", "adam_pax", "sgd", "muon"),
     "attention": ("autoselected", "dot_product", "flash", "cudnn_flash_te", "cudnn_flash_jax", "paged"),
 }
+# Keys MaxText has renamed: an earlier release's name → the name base.yml has now. Published command lines
+# were written against the release of their day (the Ironwood recipes against maxtext-tutorial-v1.5.0).
+RENAMED_KEYS: dict[str, str] = {"fsdp_shard_on_exp": "shard_exp_on_fsdp"}
 # The per-tensor keys of `remat_policy=custom` (base.yml), each one of REMAT_LOCATIONS.
 CUSTOM_REMAT_KEYS = (
     "decoder_layer_input",

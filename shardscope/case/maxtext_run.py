@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from reference_models.config import SPLASH_BLOCKS
-from shardscope.case.maxtext_keys import CHOICES, CUSTOM_REMAT_KEYS, RUN_ONLY_KEYS
+from shardscope.case.maxtext_keys import CHOICES, CUSTOM_REMAT_KEYS, RENAMED_KEYS, RUN_ONLY_KEYS
 from shardscope.errors import ShardscopeError
 
 _PARALLELISM = re.compile(r"(ici|dcn)_(\w+)_parallelism")
@@ -159,7 +159,7 @@ def maxtext_run(
       ShardscopeError: malformed or unknown input, or a mesh MaxText would refuse on this topology.
     """
     given = parse_maxtext_args(text)
-    values = {key: check_maxtext_value(key, value) for key, value in given}
+    values = {key: check_maxtext_value(key, value) for key, value in _current_names(given)}
     if "model_name" in values and values["model_name"] != model_name:
         raise ShardscopeError(
             f"--maxtext model_name={values['model_name']}: the model planned is {model_name}; name the same model"
@@ -180,6 +180,19 @@ def maxtext_run(
         warnings=tuple(warnings),
         defaulted=tuple(sorted(defaulted)),
     )
+
+
+def _current_names(given: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The pairs under the names MaxText's base.yml has now (`RENAMED_KEYS`).
+
+    Raises:
+      ShardscopeError: a key given under both its names.
+    """
+    keys = {key for key, _ in given}
+    for old, new in RENAMED_KEYS.items():
+        if old in keys and new in keys:
+            raise ShardscopeError(f"--maxtext: {old} is MaxText's earlier name of {new}; give one of them")
+    return [(RENAMED_KEYS.get(key, key), value) for key, value in given]
 
 
 def _mesh(
@@ -351,6 +364,7 @@ _MODEL_KEYS: dict[str, Any] = {
     "shard_optimizer_over_data": lambda v: {"shard_optimizer_over": "data"} if v else {},
     # The expert matmuls' kernel: set from sparse_matmul in `_settings` (megablox only picks its TPU kernel).
     "sparse_matmul": lambda v: {},
+    "shard_exp_on_fsdp": lambda v: {"model.shard_experts_on_fsdp": _text(v)},
     "megablox": lambda v: {},
     # The TPU attention kernel's tiles (the query block is also the CPU stand-in's; the others are read in
     # `_settings`) and its backward kernel.
