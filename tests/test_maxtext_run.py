@@ -226,3 +226,19 @@ def test_a_renamed_key_is_read_under_maxtexts_current_name():
     assert not case.model.shard_experts_on_fsdp
     with pytest.raises(ShardscopeError, match="earlier name of shard_exp_on_fsdp"):
         resolve_maxtext_case("deepseek-tiny", None, "cpu-8", f"{words} fsdp_shard_on_exp=true shard_exp_on_fsdp=true")
+
+
+def test_a_pipeline_puts_the_stage_axis_first_as_maxtexts_config_does():
+    # MaxText's config, when the stage axis is in use: stage before data in the mesh and in data_sharding,
+    # and the embedding/logits batch over (stage, data, fsdp, fsdp_transpose, expert).
+    words = "ici_data_parallelism=2 num_pipeline_microbatches=4 num_pipeline_repeats=2 per_device_batch_size=4"
+    piped, _ = resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{words} ici_pipeline_parallelism=2")
+    plain, _ = resolve_maxtext_case("llama-tiny", None, "cpu-8", words)
+    for case, stage_first in ((piped, True), (plain, False)):
+        axes = [axis for axis, _ in case.mesh]
+        assert list(case.preset.mesh_axes) == axes
+        assert (axes.index("stage") < axes.index("data")) == stage_first
+        batch = dict(case.preset.logical_axis_rules)["activation_embed_and_logits_batch"]
+        assert (batch[0] == "stage") == stage_first, batch
+        assert (case.preset.data_sharding[0][0] == "stage") == stage_first
+    assert dict(piped.mesh) == {**dict(plain.mesh), "stage": 2, "fsdp": 2}

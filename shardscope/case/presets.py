@@ -375,6 +375,41 @@ def with_model_rules(preset: Preset, model_rules: tuple[Rule, ...]) -> Preset:
     return dataclasses.replace(preset, logical_axis_rules=kept + tuple(model_rules))
 
 
+# MaxText's rule for the batch of the embedding, logits and loss when it pipelines (configs/types.py).
+_PIPELINED_LOGITS_BATCH = ("stage", "data", "fsdp", "fsdp_transpose", "expert")
+
+
+def as_maxtext_pipelines(
+    preset: Preset, sizes: tuple[tuple[str, int], ...]
+) -> tuple[Preset, tuple[tuple[str, int], ...]]:
+    """The preset and mesh as MaxText's config rewrites them when the stage axis is in use ("for AOT
+    compilation and correctness, always prioritize the 'stage' axis"): the stage axis moves before `data` in
+    the mesh and first in `data_sharding`, and `activation_embed_and_logits_batch` shards over stage, data,
+    fsdp, fsdp_transpose and expert (those of them the mesh has). Unchanged without a pipeline."""
+    stage = preset.pipeline.stage_axis if preset.pipeline is not None else ""
+    if dict(sizes).get(stage, 1) <= 1:
+        return preset, sizes
+    axes = list(preset.mesh_axes)
+    if "data" in axes and axes.index(stage) > axes.index("data"):
+        first, second = axes.index("data"), axes.index(stage)
+        axes[first], axes[second] = stage, "data"
+    named = (stage if axis == "stage" else axis for axis in _PIPELINED_LOGITS_BATCH)
+    batch = tuple(axis for axis in named if axis in axes)
+    rules = list(preset.logical_axis_rules)
+    for index, (name, _) in enumerate(rules):
+        if name == "activation_embed_and_logits_batch":
+            rules[index] = (name, batch)
+            break
+    data_sharding = list(preset.data_sharding)
+    if data_sharding and stage in data_sharding[0]:
+        data_sharding[0] = (stage, *(a for a in data_sharding[0] if a != stage))
+    moved = dataclasses.replace(
+        preset, mesh_axes=tuple(axes), logical_axis_rules=tuple(rules), data_sharding=tuple(data_sharding)
+    )
+    by_axis = dict(sizes)
+    return moved, tuple((axis, by_axis[axis]) for axis in axes)
+
+
 def _boolean(key: str, value: str) -> bool:
     if value.lower() not in ("true", "false"):
         raise ShardscopeError(f"--set {key}={value}: expected true or false")

@@ -13,7 +13,14 @@ from typing import Any
 
 from reference_models import MODELS, DecoderConfig
 from shardscope.case.maxtext_run import MaxTextRun, maxtext_run, parse_maxtext_args
-from shardscope.case.presets import PRESET_SETTABLE, Preset, apply_preset_overrides, get_preset, with_model_rules
+from shardscope.case.presets import (
+    PRESET_SETTABLE,
+    Preset,
+    apply_preset_overrides,
+    as_maxtext_pipelines,
+    get_preset,
+    with_model_rules,
+)
 from shardscope.case.rules import drop_unit_axes, entry_axes, resolve_logical
 from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
 from shardscope.case.topology import Topology, get_topology, resolve_mesh
@@ -121,6 +128,7 @@ def resolve_case(
     resolved_preset = apply_preset_overrides(resolved_preset, preset_settings)
     resolved_preset = with_model_rules(resolved_preset, model.logical_axis_rules)
     sizes = resolve_mesh(resolved_preset, topo.num_devices, mesh or {})
+    resolved_preset, sizes = as_maxtext_pipelines(resolved_preset, sizes)
     check_model(model_name, model, math.prod(size for _, size in sizes))
     case = Case(
         model_name=model_name,
