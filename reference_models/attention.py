@@ -151,12 +151,16 @@ def attention_core(
     if config.uses_flash_attention:
         kernel = splash_attention(config, q, k, v, scale, logical)
         if kernel is not None:
+            # The kernel names its own residuals (its output and log-sum-exp) "context", as MaxText runs it;
+            # naming its output again would keep a second copy under a policy that saves the context.
             return kernel
         # The scope names the stand-in's ops in the compiled program, so the cost model prices them as the
         # kernel runs (scores kept on chip), not as the stand-in's fusions.
         with jax.named_scope(FLASH_SCOPE):
-            return blockwise_causal_attention(q, k, v, scale, config.attention_block, config.attention_fused_backward)
-    return causal_attention(q, k, v, scale)
+            out = blockwise_causal_attention(q, k, v, scale, config.attention_block, config.attention_fused_backward)
+    else:
+        out = causal_attention(q, k, v, scale)
+    return checkpoint_name(out, "context")
 
 
 def _named_qkv(query: jax.Array, key: jax.Array, value: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -184,7 +188,7 @@ class Attention(nn.Module):
         key = constrain(self.path, "key", apply_rope(key, cfg.rope_theta), GQA_QKV)
         value = constrain(self.path, "value", value, GQA_QKV)
         query, key, value = _named_qkv(query, key, value)
-        out = checkpoint_name(attention_core(cfg, query, key, value, cfg.head_dim**-0.5, GQA_QKV), "context")
+        out = attention_core(cfg, query, key, value, cfg.head_dim**-0.5, GQA_QKV)
         out = constrain(self.path, "out", checkpoint_name(out, "attention_out"), GQA_OUT)
         out = DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
         return checkpoint_name(out, "out_proj")
@@ -244,7 +248,7 @@ class MLA(nn.Module):
         value = constrain(self.path, "value", value, MLA_QKV)
         query, key, value = _named_qkv(query, key, value)
 
-        out = checkpoint_name(attention_core(cfg, query, key, value, (nope + rope) ** -0.5, MLA_QKV), "context")
+        out = attention_core(cfg, query, key, value, (nope + rope) ** -0.5, MLA_QKV)
         out = constrain(self.path, "out", checkpoint_name(out, "attention_out"), MLA_OUT)
         out = DenseGeneral((cfg.embed_dim,), ("heads", "kv", "embed"), contract=2, dtype=cfg.dtype, name="out")(out)
         return checkpoint_name(out, "out_proj")

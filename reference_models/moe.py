@@ -23,7 +23,8 @@ How tokens enter their slots follows MaxText's matmul choice. With a capacity fa
 (MaxText's dense MoE, `sparse_matmul=false`), as MaxText's `generate_masks` and dispatch/combine einsums
 do: each sequence has its own capacity per expert, its choices beyond it dropped, and one-hot masks carry
 tokens into slots and back on the matrix units. Otherwise (dropless, or the grouped kernel's capacity
-factor 1) the slots are filled by a scatter over all the device's tokens and read back by a gather.
+factor 1) as MaxText's sparse path sorts them: the device's tokens, repeated once per choice, are gathered
+into their slots and gathered back, each gather's backward pass the gather the other way.
 """
 
 from __future__ import annotations
@@ -186,11 +187,55 @@ def _experts(tokens: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array,
     return jax.lax.psum(out, _axis(layout.tp_axes)) if layout.tp_axes else out
 
 
-def _to_slots(tokens, ids, first_expert, num_experts, capacity):
-    """Scatters each (token, choice) for experts [first, first + num) into per-expert slots.
+@jax.custom_vjp
+def _permute_rows(rows: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
+    """`rows[index]`, an index past the end reading zeros, where `index` and `inverse` are the two directions
+    of one partial permutation of rows. Its backward pass is the gather the other way (MaxText's
+    `_sort_activations` with `use_custom_sort_vjp`), not the scatter-add JAX would otherwise transpose the
+    gather into: each row goes to at most one place, so nothing is added."""
+    return rows.at[index].get(mode="fill", fill_value=0)
 
-    Returns the slots [num_experts, capacity, embed] and each choice's flat slot index; choices for other
-    experts or beyond capacity (dropped) point at one extra slot past the end.
+
+def _permute_rows_forward(rows, index, inverse):
+    return _permute_rows(rows, index, inverse), inverse
+
+
+def _permute_rows_backward(inverse, grad):
+    return grad.at[inverse].get(mode="fill", fill_value=0), None, None
+
+
+_permute_rows.defvjp(_permute_rows_forward, _permute_rows_backward)
+
+
+def _vary_like(rows: jax.Array, index: jax.Array) -> jax.Array:
+    """`rows` marked as varying over the manual mesh axes `index` varies over and it does not (inside a
+    shard_map: an expert block's slot map differs per device while the tokens may not), so that its
+    permutation's backward pass, which varies as the index does, matches it (and JAX sums over those axes)."""
+
+    def varying(value: jax.Array) -> frozenset[str]:
+        axis_type = getattr(jax.typeof(value), "manual_axis_type", None)
+        return frozenset(axis_type.varying) if axis_type is not None else frozenset()
+
+    extra = varying(index) - varying(rows)
+    return jax.lax.pcast(rows, tuple(sorted(extra)), to="varying") if extra else rows
+
+
+@dataclass(frozen=True)
+class SlotMap:
+    """Where each (token, choice) pair sits among the slots, both ways: `dest` [pairs] (a dropped choice, or
+    one for another expert, points one past the last slot) and `source` [slots] (an empty slot points one
+    past the last pair)."""
+
+    dest: jax.Array
+    source: jax.Array
+
+
+def _to_slots(tokens, ids, first_expert, num_experts, capacity):
+    """Each (token, choice) for experts [first, first + num) into per-expert slots, as MaxText's sparse
+    path sorts them (`permute`: the tokens repeated once per choice, then gathered into place).
+
+    Returns the slots [num_experts, capacity, embed] and the slot map; choices for other experts or beyond
+    capacity (dropped) have no slot.
     """
     count, embed = tokens.shape
     k = ids.shape[-1]
@@ -198,19 +243,22 @@ def _to_slots(tokens, ids, first_expert, num_experts, capacity):
     mine = (local >= 0) & (local < num_experts)
     one_hot = jax.nn.one_hot(jnp.where(mine, local, num_experts), num_experts, dtype=jnp.int32)
     slot = jnp.sum((jnp.cumsum(one_hot, axis=0) - 1) * one_hot, axis=-1)
-    dest = jnp.where(mine & (slot < capacity), local * capacity + slot, num_experts * capacity)
-    slots = jnp.zeros((num_experts * capacity + 1, embed), tokens.dtype)
-    slots = slots.at[dest].set(jnp.repeat(tokens, k, axis=0))
-    return slots[:-1].reshape(num_experts, capacity, embed), dest
+    slots_total = num_experts * capacity
+    dest = jnp.where(mine & (slot < capacity), local * capacity + slot, slots_total)
+    source = jnp.full((slots_total,), count * k, jnp.int32).at[dest].set(jnp.arange(count * k), mode="drop")
+    pairs = _vary_like(jnp.repeat(tokens, k, axis=0), source)
+    slots = _permute_rows(pairs, source, dest)
+    return slots.reshape(num_experts, capacity, embed), SlotMap(dest, source)
 
 
-def _from_slots(out, dest, weights):
-    """Weighted sum over each token's choices of its slots' outputs (the extra slot reads zeros)."""
+def _from_slots(out, where: SlotMap, weights):
+    """Weighted sum over each token's choices of its slots' outputs (a choice without a slot reads zeros),
+    as MaxText's `unpermute` gathers them back and sums them."""
     num_experts, capacity, embed = out.shape
     count, k = weights.shape
-    flat = jnp.concatenate([out.reshape(num_experts * capacity, embed), jnp.zeros((1, embed), out.dtype)])
-    combined = flat[dest] * weights.reshape(count * k, 1).astype(out.dtype)
-    return combined.reshape(count, k, embed).sum(axis=1)
+    flat = _vary_like(out.reshape(num_experts * capacity, embed), where.dest)
+    choices = _permute_rows(flat, where.dest, where.source)
+    return jnp.einsum("tke,tk->te", choices.reshape(count, k, embed), weights.astype(out.dtype))
 
 
 def _dispatch_masks(weights, ids, first_expert, num_experts, capacity):
@@ -269,10 +317,10 @@ def all_to_all_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
             return _dense_combine(out, combine)
     else:
         capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
-        slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, 0, layout.num_experts, capacity)
+        slots, slot_map = _to_slots(x.reshape(batch * seq, embed), ids, 0, layout.num_experts, capacity)
 
         def combined_from(out):
-            return _from_slots(out, dest, weights.reshape(batch * seq, k)).reshape(batch, seq, embed)
+            return _from_slots(out, slot_map, weights.reshape(batch * seq, k)).reshape(batch, seq, embed)
 
     if layout.ep_size == 1:
         return combined_from(_experts(slots, wi_0, wi_1, wo, layout))
@@ -308,8 +356,8 @@ def ring_body(x, weights, ids, wi_0, wi_1, wo, *, layout: ExpertLayout):
         partial_out = _dense_combine(_experts(slots, wi_0, wi_1, wo, layout), combine)
     else:
         capacity = _capacity(batch * seq, k, layout.num_experts, layout.capacity_factor)
-        slots, dest = _to_slots(x.reshape(batch * seq, embed), ids, first, layout.local_experts, capacity)
-        partial_out = _from_slots(_experts(slots, wi_0, wi_1, wo, layout), dest, weights.reshape(batch * seq, k))
+        slots, slot_map = _to_slots(x.reshape(batch * seq, embed), ids, first, layout.local_experts, capacity)
+        partial_out = _from_slots(_experts(slots, wi_0, wi_1, wo, layout), slot_map, weights.reshape(batch * seq, k))
         partial_out = partial_out.reshape(batch, seq, embed)
     if layout.sum_axes:
         partial_out = jax.lax.psum(partial_out, _axis(layout.sum_axes))
