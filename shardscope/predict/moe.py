@@ -1,6 +1,6 @@
 """The MoE token all-to-alls of the all_to_all strategy (`reference_models/moe.py` `all_to_all_body`).
 
-Each device scatters its tokens into per-expert slots [experts, capacity, embed] and exchanges them with the
+Each device puts its tokens into per-expert slots [experts, capacity, embed] and exchanges them with the
 devices that hold those experts, over the expert-parallel axes that also split the tokens; the experts'
 outputs come back the same way: 2 all-to-alls per MoE layer forward, and in the backward pass 4 (the
 remat's recomputed 2, and their transposes). Each expert has the capacity the model's capacity factor gives

@@ -46,8 +46,8 @@ from shardscope.predict.layout import (
     stack_of,
 )
 
-# HBM passes over a MoE block's slots per forward pass: zeroed, scattered into, read by the expert matmuls,
-# and the outputs' slots read back by the combine.
+# HBM passes over a MoE block's slots per forward pass: the tokens read by the gather that fills them, the
+# slots written, read by the expert matmuls, and the outputs' slots read back by the combine's gather.
 _DISPATCH_PASSES = 4
 # The name each projection's output carries for the remat policies (reference_models: checkpoint_name).
 _CHECKPOINT_NAMES = {
