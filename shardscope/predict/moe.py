@@ -57,8 +57,7 @@ def moe_exchanges(
     operand: Callable[[str], str] = str,
 ) -> tuple[CollectiveRow, ...]:
     """The all-to-alls of each MoE block (the module holding expert weights), per pass. `operand`: the dtype
-    a matmul operand moves as: the tokens sent to the experts (and the remat's resend) feed the experts'
-    matmuls, the outputs coming back and the gradients are their results."""
+    a matmul operand moves as (see the comment in the body for which exchange moves what)."""
     rows: list[CollectiveRow] = []
     for block in _blocks(plan, experts):
         module, weight, inputs_path, inputs = block.module, block.weight, block.inputs_path, block.inputs
@@ -77,10 +76,13 @@ def moe_exchanges(
             line=None,
             rules=rules_on(plan, inputs_path, inputs, exchange, rules),
         )
-        sent, results = operand(inputs.dtype), inputs.dtype
-        passes = [("forward", sent), ("forward", results), ("backward", sent), ("backward", results)]
+        # The tokens sent feed the experts' matmuls and the outputs coming back feed the combine's weighted
+        # sum (an einsum): both move as matmul operands, as does the outputs' gradient going out; the
+        # tokens' gradient coming back is a matmul's result, in the activations' dtype.
+        moved, gradient = operand(inputs.dtype), inputs.dtype
+        passes = [("forward", moved), ("forward", moved), ("backward", moved), ("backward", gradient)]
         if remat:
-            passes += [("backward", sent), ("backward", results)]
+            passes += [("backward", moved), ("backward", moved)]
         for (pass_, dtype), count in Counter(passes).items():
             rows.append(layer_row("all-to-all", weight, exchange, slots, dtype, pass_, cause, count, module))
     return tuple(rows)
