@@ -23,7 +23,7 @@ from shardscope.hlo.profile import WorkBin
 from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import PER_OP, WHOLE_STEP, ComputeTime, Estimate, PricedRow, RowTime
-from shardscope.plan.records import CollectiveRow, axes_label
+from shardscope.plan.records import CollectiveRow, axes_label, is_routed_expert
 
 BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
 
@@ -58,10 +58,9 @@ def price_row(
 
 
 def expert_width(plan: Plan) -> int:
-    """The hidden width of the plan's routed experts (the last dimension of a `wi_0` with an expert
-    dimension); 0 without experts."""
+    """The hidden width of the plan's routed experts (the last dimension of their `wi_0`); 0 without experts."""
     for path, record in plan.tensors:
-        if record.kind == "param" and path.endswith("/wi_0") and "exp" in (record.logical or ()):
+        if is_routed_expert(path, record) and path.endswith("/wi_0"):
             return record.shape[-1]
     return 0
 

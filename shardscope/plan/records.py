@@ -125,6 +125,17 @@ class CaseRecord:
     preset_source: str = ""  # the preset file's path as given; "" for a built-in preset
 
 
+# MaxText's routed experts keep their weights as parameters named `wi_0`, `wi_1` and `wo` themselves (a dense
+# MLP's are `…/wi_0/kernel`); their first dimension is the experts', whatever its logical name (`exp`, or
+# `embed_moe` under MaxText's `shard_exp_on_fsdp`).
+ROUTED_EXPERT_LEAVES = ("wi_0", "wi_1", "wo")
+
+
+def is_routed_expert(path: str, record: TensorRecord) -> bool:
+    """Whether a tensor is a routed expert weight (see ROUTED_EXPERT_LEAVES); its experts are dimension 0."""
+    return record.kind == "param" and path.rsplit("/", 1)[-1] in ROUTED_EXPERT_LEAVES
+
+
 def tensor_record(
     kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
 ) -> TensorRecord:

@@ -15,9 +15,8 @@ from shardscope.case.resolve import Case, resolve_case
 from shardscope.case.rules import entry_axes
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord, is_routed_expert
 
-EXPERT_LOGICAL = "exp"
 _TOKEN_INPUT = "inputs/tokens"
 # Flax's `nn.Embed` table: read by a gather of the looked-up rows, never gathered whole nor all-reduced (the
 # compiled goldens move the token ids and the looked-up rows instead: activation traffic, not predicted).
@@ -50,8 +49,8 @@ class Weight:
 
     @property
     def is_expert(self) -> bool:
-        """A MoE expert weight (it has an `exp` dimension)."""
-        return self.record.logical is not None and EXPERT_LOGICAL in self.record.logical
+        """A MoE routed expert weight (its dimension 0 holds the experts)."""
+        return is_routed_expert(self.path, self.record)
 
 
 def resolved(plan: Plan) -> Case | None:
@@ -181,7 +180,9 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
     stack: set[str] = set()
     # ZeRO-1 may store a stack split over its axis on the layers dimension: gathered back, not a stage split.
     zero1 = set(zero1_axes(plan, case))
-    for name, size, entry, local in zip(logical, record.shape, record.spec, record.shard_shape, strict=False):
+    routed = is_routed_expert(path, record)
+    per_dim = zip(logical, record.shape, record.spec, record.shard_shape, strict=False)
+    for index, (name, size, entry, local) in enumerate(per_dim):
         axes = set(entry_axes(entry))
         if is_stack_dim(name):
             # A stage-sharded stack: each stage loops over its own layers only.
@@ -191,10 +192,10 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
             split |= stored
             continue
         split |= axes
-        dim_kept = axes if name == EXPERT_LOGICAL else axes - set(tokens)
+        dim_kept = axes if routed and index == 0 else axes - set(tokens)
         kept |= dim_kept
         layer_shape.append(size if not dim_kept else local if dim_kept == axes else -1)
-    placed = _placed(plan, path) if EXPERT_LOGICAL in logical else None
+    placed = _placed(plan, path) if routed else None
     if placed is not None and len(placed.shape) == len(layer_shape):
         kept = {axis for entry in placed.spec for axis in entry_axes(entry)}
         layer_shape = list(placed.shard_shape)

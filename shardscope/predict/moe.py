@@ -67,7 +67,7 @@ def moe_exchanges(
         exchange = in_mesh_order(plan, set(weight.kept_axes) & block.split_tokens)
         if not exchange:
             continue  # experts not split, or split on axes that do not split the tokens: no exchange
-        num_experts = weight.record.shape[weight.record.logical.index("exp")]
+        num_experts = weight.record.shape[0]
         local_tokens = block.local_tokens
         slots = (num_experts, capacity(local_tokens, case, sequence_length(inputs)), inputs.shape[-1])
         cause = Cause(
