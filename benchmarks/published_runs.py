@@ -327,6 +327,7 @@ def memory_table(markdown: bool) -> str:
     compiler's peak, and the static sum arguments + outputs + temporaries - aliased) and MaxText's figure,
     with the error of the like figure (peak against a measured peak, static sum against a logged sum)."""
     import shardscope
+    from shardscope.cost.memory import hbm_peak_bytes
 
     header = ["run", "command line (MaxText)", "TPU compile", "shardscope HBM: peak (static sum)", "MaxText's"]
     header += ["error", "CPU route says"]
@@ -339,7 +340,7 @@ def memory_table(markdown: bool) -> str:
         figures: dict[str, float | None] = {"peak": None, "static sum": None}
         if path.exists():
             memory = dict(shardscope.load_plan(path).memory)
-            figures["peak"] = memory.get("peak_bytes")
+            figures["peak"] = hbm_peak_bytes(memory)
             figures["static sum"] = (
                 memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"] - memory["alias_bytes"]
             )

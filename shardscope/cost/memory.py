@@ -1,17 +1,17 @@
 """Per-device HBM need of a plan, by category, against the generation's capacity.
 
-A TPU compile's memory analysis is exact: the compiler's peak of live HBM (arguments, outputs that do
-not reuse an argument's buffer, and the temporaries alive at that peak), with its padding and scheduling
-in it (plans made before the peak was recorded: arguments + outputs − aliased outputs + all temporaries,
-which over-states it); its categories are the tensors the shardings give (params,
-optimizer state, inputs), what the compiler adds to the arguments (padding to TPU tiles), outputs that
-do not reuse an argument's buffer, and temp (gradients, activations, scratch). A CPU compiler's figures
-say nothing about a TPU (its temp buffers follow another schedule), so there the need is estimated from
-the tensors: params, optimizer state, inputs, gradients (≈ the params' bytes: one gradient per
-parameter, same dtype and sharding), and the activations alive when the backward pass peaks (under the
-step's remat policy, see `activation_bytes`). Intermediates no sharding constraint names (attention
-scores, MoE dispatch buffers, f32 copies, the compiler's scratch) are not in it, so it understates the
-need: treat it as a floor, and compile for the TPU topology for the exact figure.
+A TPU compile's memory analysis is exact: the compiler's peak of live HBM (arguments, outputs that do not
+reuse an argument's buffer, and the temporaries alive at that peak), with its padding and scheduling in it
+(plans made before the peak was recorded, and plans with host offload, whose compiler peak counts host
+buffers: arguments + outputs − aliased outputs + all temporaries, which over-states it); its categories are
+the tensors the shardings give (params, optimizer state, inputs), what the compiler adds to the arguments
+(padding to TPU tiles), outputs that do not reuse an argument's buffer, and temp (gradients, activations,
+scratch). A CPU compiler's figures say nothing about a TPU (its temp buffers follow another schedule), so
+there the need is estimated from the tensors: params, optimizer state, inputs, gradients (≈ the params'
+bytes: one gradient per parameter, same dtype and sharding), and the activations alive when the backward
+pass peaks (under the step's remat policy, see `activation_bytes`). Intermediates no sharding constraint
+names (attention scores, MoE dispatch buffers, f32 copies, the compiler's scratch) are not in it, so it
+understates the need: treat it as a floor, and compile for the TPU topology for the exact figure.
 """
 
 from __future__ import annotations
@@ -94,6 +94,19 @@ def activation_bytes(plan: Plan) -> int:
     return outside + kept_inputs + max(per_block.values(), default=0)
 
 
+def hbm_peak_bytes(memory: dict[str, int]) -> int | None:
+    """The TPU compiler's peak of live HBM, when its figure is one.
+
+    With host offload (`host_temp_bytes` recorded) the compiler's peak counts pinned-host buffers too: on
+    every offloading plan compiled here it exceeds the chip's HBM although the compile was accepted (Mixtral
+    8x22B on v6e: 78.5 GB against 34.4 GB, of which 75.2 GB host). There the HBM need is the static sum
+    (arguments + outputs − aliased + temporaries, all HBM), which over-states the peak; None says so.
+    """
+    if memory.get("host_temp_bytes"):
+        return None
+    return memory.get("peak_bytes")
+
+
 def memory_need(plan: Plan, hardware: Hardware, exact: bool = True) -> MemoryEstimate:
     """Per-device HBM need of a plan on `hardware`: exact from a TPU compile for it (unless `exact` is
     False: the compile was for another generation), else estimated from the tensors."""
@@ -111,7 +124,7 @@ def memory_need(plan: Plan, hardware: Hardware, exact: bool = True) -> MemoryEst
         outputs = memory.get("output_bytes", 0) - memory.get("alias_bytes", 0)
         # With the compiler's peak, temporaries are what is alive beside the arguments and outputs at that
         # peak; without it (plans made before it was recorded), the whole temporaries figure.
-        peak = memory.get("peak_bytes")
+        peak = hbm_peak_bytes(memory)
         temp = memory["temp_bytes"] if peak is None else max(0, peak - arguments - outputs)
         categories = [
             *tensors,
