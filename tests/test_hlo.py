@@ -508,10 +508,13 @@ ENTRY main {
 def test_flax_sample_all_to_all_per_pass_with_scan_trips() -> None:
     parsed = parse_collectives((SAMPLES / "flax_moe_train_step.hlo.txt").read_text(), MESH)
     rows = parsed.collectives
-    a2a = {(r.pass_, r.axes, r.source, r.loop_trips, r.count, r.bytes) for r in rows if r.op == "all-to-all"}
+    a2a = {(r.pass_, r.axes, r.source, r.loop_trips, r.count, r.bytes, r.handoff) for r in rows if r.op == "all-to-all"}
+    # Per pass, the MoE's two all-to-alls: the one that returns the experts' output to the residual stream,
+    # which the next layer's matmuls all wait for, is a hand-off between loop iterations.
     assert a2a == {
-        ("forward", ("expert",), "decoder/layers/moe", 3, 2, 256),
-        ("backward", ("expert",), "decoder/layers/moe", 3, 2, 256),
+        (p, ("expert",), "decoder/layers/moe", 3, 1, 256, handoff)
+        for p in ("forward", "backward")
+        for handoff in (False, True)
     }
     assert parsed.unknown == ()
     assert all(r.axes is not None and r.groups is None for r in rows)  # explicit, iota and mesh-axes spellings
@@ -520,7 +523,7 @@ def test_flax_sample_all_to_all_per_pass_with_scan_trips() -> None:
     fsdp_weights = {(r.op, r.source) for r in rows if r.axes == ("fsdp",) and r.pass_ == "backward"}
     assert ("all-reduce", "decoder/layers") in fsdp_weights  # a combined all-reduce under a merged op_name
     counts = {op: sum(r.count for r in rows if r.op == op) for op in ("all-gather", "all-reduce", "all-to-all")}
-    assert counts == {"all-gather": 6, "all-reduce": 6, "all-to-all": 4} and len(rows) == 14
+    assert counts == {"all-gather": 6, "all-reduce": 6, "all-to-all": 4} and len(rows) == 16  # two hand-offs
     json.dumps([r.to_dict() for r in rows])
     assert set(rows[0].to_dict()) == {"op", "axes", "groups", "shift", "dtype", "shape", "bytes", "count"} | {
         "loop_trips",

@@ -14,7 +14,9 @@ transfers) overlapped with the compute of the same loop body, as the TPU compile
   tells loop bodies apart without naming them (a collective row, which records only its loop trips, goes
   to the region of the ops that run as often as it does). The
   pass is not part of the region: a pipeline's permutes carry no pass in their metadata yet run in the
-  loops whose compute hides them. Each region takes max(compute, transfers): the longer hides the other.
+  loops whose compute hides them. Each region takes max(compute, transfers): the longer hides the other;
+  but a hand-off (a collective that passes one iteration's result to the next, all of whose matrix work
+  waits for it: a pipeline stage's output going to the next stage) is hidden by nothing and adds to it.
 - Host transfers (a remat policy's offload) go over the host link, asynchronously like collectives.
 
 The two bounds stay beside it: communication entirely hidden (max of the totals) and not hidden at all
@@ -76,8 +78,8 @@ def expected_step(
     cpu_program: bool = False,
     expert_width: int = 0,
 ) -> float:
-    """Σ over regions of max(compute, collectives + host transfers) (see the module doc). Rows without a
-    time (unpriced) add nothing, as in the bounds."""
+    """Σ over regions of hand-offs + max(compute, other collectives + host transfers) (see the module doc).
+    Rows without a time (unpriced) add nothing, as in the bounds."""
     compute: dict[Region, float] = defaultdict(float)
     transfers: dict[Region, float] = defaultdict(float)
     # A collective row records its loop trips, not its loop: it belongs to the region of the ops that run
@@ -88,8 +90,11 @@ def expected_step(
         region_of[entry.executions] = max(region_of.get(entry.executions, 0), region)
         compute[region] += bin_seconds(entry, hardware, cpu_program, expert_width)
         transfers[region] += host_seconds(entry, hardware)
+    handoffs: dict[Region, float] = defaultdict(float)
     for row, time in rows:
         if time.seconds is None:
             continue
-        transfers[region_of.get(row.loop_trips, row.loop_trips)] += time.seconds
-    return sum(max(compute[region], transfers[region]) for region in compute.keys() | transfers.keys())
+        placed = region_of.get(row.loop_trips, row.loop_trips)
+        (handoffs if row.handoff else transfers)[placed] += time.seconds
+    regions = compute.keys() | transfers.keys() | handoffs.keys()
+    return sum(handoffs[region] + max(compute[region], transfers[region]) for region in regions)

@@ -33,6 +33,7 @@ def collective_rows(parsed: HloCollectives, causes: Sequence[Cause | None] | Non
             groups=c.groups,
             shift=c.shift,
             tpu_bytes=c.tpu_bytes,
+            handoff=c.handoff,
             cause=cause,
         )
         for c, cause in zip(parsed.collectives, causes, strict=True)

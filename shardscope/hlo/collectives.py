@@ -14,6 +14,8 @@ Conventions of each row (`Collective`):
           Every branch of a conditional is counted, as if it always ran.
   tpu_bytes  (only when asked, for a CPU program) `bytes` with the float32 values of bfloat16 precision
           counted in bfloat16, as a TPU moves them (`shardscope.hlo.narrowing`); None when none narrow.
+  handoff  the collective hands a loop iteration's result to the next iteration's matrix work (a pipeline
+          stage's output to the next stage): nothing can hide it (`shardscope.hlo.handoffs`).
   origins, consumer, line  (only when asked) what the row's instructions move (`shardscope.hlo.origins`),
           the op_name of its first instruction (the op that needs the moved value in the other layout: the
           partitioner names a collective after the op it reshards for) and that op's source (file, line).
@@ -38,6 +40,7 @@ from shardscope.hlo.groups import (
     pairs_to_shift,
     parse_replica_groups,
 )
+from shardscope.hlo.handoffs import Handoffs
 from shardscope.hlo.metadata import module_path, pass_of
 from shardscope.hlo.module import gc_paused, read_module
 from shardscope.hlo.narrowing import Narrowing
@@ -85,6 +88,7 @@ class Collective:
     pass_: str
     source: str
     tpu_bytes: int | None = None
+    handoff: bool = False  # hands a loop iteration's result to the next (`shardscope.hlo.handoffs`)
     origins: tuple[Origin, ...] = field(default=(), compare=False)
     consumer: str = field(default="", compare=False)
     line: tuple[str, int] | None = field(default=None, compare=False)
@@ -96,6 +100,8 @@ class Collective:
         out = {f.name.rstrip("_"): getattr(self, f.name) for f in fields(self) if f.compare}
         if self.tpu_bytes is None:
             del out["tpu_bytes"]
+        if not self.handoff:
+            del out["handoff"]
         return {**out, "axes": None if self.axes is None else list(self.axes), "shape": list(self.shape)}
 
 
@@ -195,6 +201,7 @@ def collectives_of(
     (for a CPU program priced as a TPU); `trace`: also each row's origins, consumer and line."""
     rows = _Rows(mesh, module.num_devices)
     narrowing = Narrowing(module) if narrow else None
+    handoffs = Handoffs(module)
     origins = Origins(module) if trace else None
     frames = source_frames(module.text) if trace else None
     traced: list[tuple[tuple[Origin, ...], str, tuple[tuple[str, int], ...]]] = []
@@ -222,6 +229,8 @@ def collectives_of(
                 moved = narrowing.tpu_bytes(comp.name, instruction) if narrowing is not None else None
                 if moved is not None:  # scaled like `bytes` (a reduce-scatter reports its operand)
                     row = replace(row, tpu_bytes=row.bytes * moved // max(shape_info(instruction.shape)[2], 1))
+                if instruction.name in handoffs.of(comp.name):
+                    row = replace(row, handoff=True)
                 if origins is not None and frames is not None:
                     stack = frames.chain_of(instruction.attribute("metadata"))
                     traced.append((origins.of(comp.name, instruction), op_name_of(instruction), stack))

@@ -87,6 +87,8 @@ def collective_to_json(row: CollectiveRow) -> dict[str, Any]:
         data["shift"] = row.shift
     if row.tpu_bytes is not None:
         data["tpu_bytes"] = row.tpu_bytes
+    if row.handoff:
+        data["handoff"] = True
     if row.cause is not None:
         data["cause"] = cause_to_json(row.cause)
     return data
@@ -132,6 +134,7 @@ def collective_from_json(c: Any) -> CollectiveRow:
         groups=c.get("groups"),
         shift=c.get("shift"),
         tpu_bytes=None if c.get("tpu_bytes") is None else int(c["tpu_bytes"]),
+        handoff=bool(c.get("handoff", False)),
         cause=None if c.get("cause") is None else cause_from_json(c["cause"]),
     )
 

@@ -103,6 +103,9 @@ class CollectiveRow:
     # A CPU program's row: `bytes` with its float32 values of bfloat16 precision in bfloat16, as a TPU moves
     # them (what pricing a CPU plan as a TPU uses); None when nothing narrows, and in TPU plans.
     tpu_bytes: int | None = None
+    # It hands a loop iteration's result to the next iteration, whose matrix work all waits for it (a pipeline
+    # stage's output to the next stage, `shardscope.hlo.handoffs`): no compute can hide it.
+    handoff: bool = False
     # Why it runs (`shardscope.extract.causes`); None in plans made before causes, imports and bare HLO.
     cause: Cause | None = None
 

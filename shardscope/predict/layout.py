@@ -312,8 +312,10 @@ def collective_row(
     count: int = 1,
     trips: int = 1,
     shift: int | None = None,
+    handoff: bool = False,
 ) -> CollectiveRow:
-    """A predicted collective moving `shape` in `dtype`, `count` times per loop trip (once per step by default)."""
+    """A predicted collective moving `shape` in `dtype`, `count` times per loop trip (once per step by default);
+    `handoff`: it passes one iteration's result to the next, which waits for it (see `CollectiveRow`)."""
     return CollectiveRow(
         op=op,
         axes=axes,
@@ -326,6 +328,7 @@ def collective_row(
         source=source,
         cause=cause,
         shift=shift,
+        handoff=handoff,
     )
 
 

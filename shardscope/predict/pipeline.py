@@ -1,7 +1,8 @@
 """A pipeline's collectives (`reference_models/pipeline.py`): sends between stages, and what crosses its edge.
 
 Inside: each microbatch's residual stream goes from one stage to the next once per iteration, and its
-gradient back in the backward pass (a collective-permute over the stage axes each way per iteration).
+gradient back in the backward pass (a collective-permute over the stage axes each way per iteration); the
+forward one is a hand-off (nothing hides it), the backward one overlaps the step's recomputed forward pass.
 
 At its edge, once per step: outside the pipeline the batch is split over the stage axes too, so the stack's
 input is gathered over them on the way in; every stage returns its outputs and only the last stage's are not
@@ -43,9 +44,13 @@ def pipeline_collectives(
     module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
     send = Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=())
     micro = (micro_tokens, model.embed_dim)
+    # The forward send is a hand-off: the next step's layers all wait for it. The backward send overlaps the
+    # recomputed forward pass of the step it arrives in, which does not need it.
     rows = [
-        collective_row("collective-permute", stages, micro, dtype, p, module, send, trips=staged.loop_trips, shift=1)
-        for p in ("forward", "backward")
+        collective_row(
+            "collective-permute", stages, micro, dtype, p, module, send, trips=staged.loop_trips, shift=1, handoff=h
+        )
+        for p, h in (("forward", True), ("backward", False))
     ]
     # A device's tokens with the stage split undone: what the edge gathers and the output sum adds.
     edge = (tokens * math.prod(sizes[a] for a in stages), model.embed_dim)
