@@ -141,6 +141,10 @@ class DecoderConfig:
     # merges them into base.yml's rules (each replaces base.yml's rules of its logical name and goes last);
     # a `custom_mesh_and_rule` file replaces the rules wholesale, these included.
     logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A pipelined case's stages (> 1) and repeats: the main stack's parameters are then laid out as MaxText's
+    # pipeline lays them out (decoder.PipelineLayout); 0 stages: stacked as a scan stacks them.
+    pipeline_stages: int = 0
+    pipeline_repeats: int = 1
 
     @property
     def num_moe_layers(self) -> int:

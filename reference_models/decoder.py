@@ -64,13 +64,101 @@ def _scanned(layer: type[nn.Module] | Any, stack: LayerStack) -> Any:
     )
 
 
+class SequentialStage(nn.Module):
+    """A pipeline stage of several layers run in turn (MaxText's sequential stage): `layers_0`, `layers_1`, …"""
+
+    config: DecoderConfig
+    layer: type[nn.Module]
+    options: tuple[tuple[str, Any], ...]
+    count: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
+        for index in range(self.count):
+            x, _ = self.layer(self.config, **dict(self.options), name=f"layers_{index}")(x, None)
+        return x, None
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """How MaxText lays out a pipelined stack's parameters (`decoder/pipeline_module/layers/…`): each leaf is
+    [repeats, stages, …] (['stages', …] with one repeat), logical ('circular_repeats', 'layers', …); under the
+    two leading indices, one stage's layers for one visit: the layer's own parameters, or `layers_0` … when a
+    visit runs several (MaxText's `num_layers_per_pipeline_stage`). Parameter [r, s] (its `layers_j`) is layer
+    (r · stages + s) · per_visit + j of the stack, which is the order the schedule runs them in."""
+
+    stages: int
+    repeats: int
+    per_visit: int
+
+    def stage_module(self, config: DecoderConfig, stack: LayerStack) -> nn.Module:
+        if self.per_visit == 1:
+            return stack.layer_module(config)
+        return SequentialStage(config, stack.layer, tuple(sorted(stack.options.items())), self.per_visit)
+
+    def layers_of(self, stage_params: Any) -> list[Any]:
+        """One visit's per-layer parameters, in the order they run."""
+        if self.per_visit == 1:
+            return [stage_params]
+        return [stage_params[f"layers_{index}"] for index in range(self.per_visit)]
+
+
+def pipeline_layout(config: DecoderConfig, stack: LayerStack) -> PipelineLayout | None:
+    """The main stack's layout when the model is pipelined (`DecoderConfig.pipeline_stages`), else None."""
+    stages, repeats = config.pipeline_stages, config.pipeline_repeats
+    if stages <= 1:
+        return None
+    if stack.length % (stages * repeats):
+        raise ValueError(f"{stack.length} layers do not split into {stages} pipeline stages × {repeats} repeats")
+    return PipelineLayout(stages, repeats, stack.length // (stages * repeats))
+
+
+class PipelineModule(nn.Module):
+    """Holds a pipelined stack's parameters in MaxText's layout (`PipelineLayout`); calling it creates them
+    (the schedule runs on them in `Decoder._pipelined`)."""
+
+    config: DecoderConfig
+    stack: LayerStack
+    layout: PipelineLayout
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        layout = self.layout
+        stage = type(layout.stage_module(self.config, self.stack))
+        kwargs: dict[str, Any] = {"config": self.config}
+        if layout.per_visit == 1:
+            kwargs.update(self.stack.options)
+        else:
+            options = tuple(sorted(self.stack.options.items()))
+            kwargs.update(layer=self.stack.layer, options=options, count=layout.per_visit)
+
+        def over(target: Any, size: int, name: str) -> Any:
+            return nn.vmap(
+                target,
+                in_axes=(None, None),
+                out_axes=0,
+                axis_size=size,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                metadata_params={nn.PARTITION_NAME: name},
+            )
+
+        target = over(stage, layout.stages, "layers")
+        if layout.repeats > 1:
+            target = over(target, layout.repeats, "circular_repeats")
+        target(**kwargs, name="layers")(x, None)
+        return x
+
+
 def _stored_specs(config: DecoderConfig, stack: LayerStack, x: jax.Array, context: ShardingContext) -> Any:
-    """The rules' sharding of each of the stack's parameters, from their logical axes (an abstract init of the
-    stack, traced unsharded so that it records nothing): with Auto axes a traced parameter does not carry it."""
-    module = _scanned(stack.layer, stack)(config, **stack.options)
+    """The rules' sharding of each of the pipelined stack's parameters, from their logical axes (an abstract
+    init, traced unsharded so that it records nothing): with Auto axes a traced parameter does not carry it."""
+    layout = pipeline_layout(config, stack)
+    assert layout is not None
+    module = PipelineModule(config, stack, layout)
     hidden = jax.ShapeDtypeStruct(x.shape, x.dtype)
     with unsharded():
-        boxed = jax.eval_shape(lambda h: module.init(jax.random.key(0), h, None), hidden)["params"]
+        boxed = jax.eval_shape(lambda h: module.init(jax.random.key(0), h), hidden)["params"]["layers"]
     logical = nn.get_partition_spec(boxed)
     return jax.tree.map(
         lambda spec: context.resolve(tuple(spec)), logical, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)
@@ -91,9 +179,14 @@ class Decoder(nn.Module):
             if context is not None and context.explicit:
                 # A scan's carry keeps its type: enter each stack on the residual stream's sharding.
                 x = jax.sharding.reshard(x, context.resolve(RESIDUAL))
-            main = stack is stacks[-1]
-            if main and context is not None and context.pipeline is not None and not self.is_initializing():
-                x = self._pipelined(x, stack, context)
+            layout = pipeline_layout(cfg, stack) if stack is stacks[-1] else None
+            if layout is not None:
+                if self.is_initializing():
+                    PipelineModule(cfg, stack, layout, name="pipeline_module")(x)
+                elif context is not None and context.pipeline is not None:
+                    x = self._pipelined(x, stack, layout, context)
+                else:
+                    x = self._in_order(x, stack, layout)
                 continue
             # MaxText's `remat_policy` (default `full`: each layer saves only its input and recomputes the rest
             # in the backward pass, which is where its gathers run a second time); shardscope's `none` keeps all.
@@ -107,29 +200,48 @@ class Decoder(nn.Module):
         out = explicit_spec(_LOGITS)
         return logits if out is None else jax.sharding.reshard(logits, out)
 
-    def _pipelined(self, x: jax.Array, stack: LayerStack, context: ShardingContext) -> jax.Array:
-        """The main stack run by the pipeline, one layer at a time on the parameters its scan created."""
+    def _in_order(self, x: jax.Array, stack: LayerStack, layout: PipelineLayout) -> jax.Array:
+        """A pipelined stack's layers run one after another in their order, outside any pipeline (one device)."""
         layer = stack.layer_module(self.config, parent=None)
+        params = self.variables["params"]["pipeline_module"]["layers"]
+        visits = jax.tree.map(lambda p: p.reshape(-1, *p.shape[1 + (layout.repeats > 1) :]), params)
 
-        def apply_layer(params, hidden):
-            return layer.apply({"params": params}, hidden, None)[0]
+        def visit(hidden, stage_params):
+            for layer_params in layout.layers_of(stage_params):
+                hidden = layer.apply({"params": layer_params}, hidden, None)[0]
+            return hidden, None
+
+        return jax.lax.scan(visit, x, visits)[0]
+
+    def _pipelined(
+        self, x: jax.Array, stack: LayerStack, layout: PipelineLayout, context: ShardingContext
+    ) -> jax.Array:
+        """The main stack run by the pipeline, one layer at a time on the parameters `PipelineModule` made."""
+        cfg = self.config
+        layer = stack.layer_module(cfg, parent=None)
+
+        prefix = (*self.path, "pipeline_module", "layers")
+
+        def apply_layer(params, hidden, index):
+            # Its activations are named as its parameters are (`…/layers/layers_1/…` when a visit runs several).
+            with path_prefix(prefix if layout.per_visit == 1 else (*prefix, f"layers_{index}")):
+                return layer.apply({"params": params}, hidden, None)[0]
 
         # MaxText rematerialises a pipeline's iterations under the model's policy with each layer's input
         # kept (its pipeline remat policy). Here the layers inside a stage are rematerialised under the
         # model's policy as outside a pipeline, and the schedule around them keeps each layer's input, so the
         # backward pass recomputes each layer once from its kept input, as MaxText's does (a schedule that
         # kept nothing would be recomputed whole first: every layer's forward twice).
-        cfg = self.config
         remat = None
         if cfg.remat != "none":
             layer_policy = remat_policy(cfg.remat, cfg.remat_custom)
             remat = PipelineRemat(layer=layer_policy, schedule=pipeline_remat_policy(cfg.remat, cfg.remat_custom))
         gather_once = context.pipeline is not None and context.pipeline.fsdp_gather_once
         specs = _stored_specs(cfg, stack, x, context) if gather_once else None
-        with path_prefix((*self.path, stack.name)):
-            params = self.variables["params"][stack.name]
+        with path_prefix(prefix):
+            params = self.variables["params"]["pipeline_module"]["layers"]
             return run_pipeline(
-                apply_layer, params, x, context, PARAM_SCAN_AXIS, context.resolve(RESIDUAL), remat, specs
+                apply_layer, layout.layers_of, params, x, context, context.resolve(RESIDUAL), remat, specs
             )
 
 

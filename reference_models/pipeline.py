@@ -1,9 +1,10 @@
 """Pipeline parallelism over a `stage` mesh axis: a shard_map over that axis and ppermute.
 
-The main layer stack's parameters are sharded over the stage axis on their layers dimension (index 1, as
-MaxText stacks them), so stage s holds a contiguous block of layers. The batch is split into microbatches. The whole
-schedule runs inside a shard_map that makes only the stage axis manual: every other mesh axis keeps its
-meaning (Explicit axes stay part of the array types), so FSDP and the MoE's own shard_map over the
+The pipelined stack's parameters are laid out as MaxText lays them out (`decoder.PipelineLayout`): every
+leaf is [repeats, stages, …] with the stages dimension sharded over the stage axis, so stage s holds, for
+each visit r, the parameters [r, s] of the layers it runs then. The batch is split into microbatches. The
+whole schedule runs inside a shard_map that makes only the stage axis manual: every other mesh axis keeps
+its meaning (Explicit axes stay part of the array types), so FSDP and the MoE's own shard_map over the
 remaining axes work inside a stage as they do without a pipeline.
 
 Schedule: at each step every stage runs its layers of the current visit on what it holds, then a ppermute
@@ -13,10 +14,10 @@ each of `microbatches + stages - 1` steps. A circular schedule (MaxText's defaul
 `layers / (stages · repeats)` layers each, one layer per visit unless MaxText's
 `num_layers_per_pipeline_stage` says otherwise) takes `microbatches · repeats + stages - 1` steps: what
 stage 0 receives from the last stage waits in a buffer until that microbatch's next visit, and the bubble
-shrinks to `stages - 1` steps of one visit. Stage s's r-th visit runs the r-th block of its own layers, so
-the layers run in the order s · L/S + r · L/(S·R) + j (visits outer, stages, then layers): the stacked order
-when there is one visit, a fixed relabelling of it otherwise (tested against the single-device step over
-the layers in that order). Stages idle in the bubble compute on values whose results are never used.
+shrinks to `stages - 1` steps of one visit. Stage s's visit r runs parameters [r, s], so the layers run in
+the order MaxText numbers them: [r, s] (its `layers_j`) is layer (r · stages + s) · per_visit + j (tested
+against the single-device step over the layers in that order). Stages idle in the bubble compute on values
+whose results are never used.
 
 Remat, as MaxText's pipeline does it: each layer is rematerialised under the model's policy and the
 schedule around the layers keeps each layer's input (`decoder_layer_input`, offloaded to host memory when
@@ -50,8 +51,8 @@ from jax.sharding import PartitionSpec
 
 from reference_models.sharding import ShardingContext, ambient_mesh, entry_axes, place
 
-# Applies one layer: (that layer's params, hidden [batch, seq, embed]) -> hidden.
-LayerFn = Callable[[Any, jax.Array], jax.Array]
+# Applies one layer: (that layer's params, hidden [batch, seq, embed], its index within a visit) -> hidden.
+LayerFn = Callable[[Any, jax.Array, int], jax.Array]
 Policy = Callable[..., Any] | None  # a `jax.checkpoint` policy (None: save nothing)
 
 
@@ -66,28 +67,28 @@ class PipelineRemat:
 
 def run_pipeline(
     apply_layer: LayerFn,
-    stacked_params: Any,
+    layers_of: Callable[[Any], list[Any]],
+    params: Any,
     x: jax.Array,
     context: ShardingContext,
-    layer_axis: int,
     batch_spec: PartitionSpec,
     remat: PipelineRemat | None = None,
     stored_specs: Any = None,
 ) -> jax.Array:
-    """Runs `apply_layer` for every layer of `stacked_params` over `x`, pipelined across stages.
+    """Runs every layer of a pipelined stack over `x`, across stages.
 
     Args:
       apply_layer: one layer's forward.
-      stacked_params: the stack's parameters, every leaf with a layers dimension (at `layer_axis`) sharded
-        over the stage axis.
+      layers_of: one stage's parameters for one visit → its layers' parameters, in the order they run.
+      params: the stack's parameters in MaxText's layout: every leaf [repeats, stages, …] ([stages, …] with
+        one repeat), the stages dimension sharded over the stage axis.
       x: the stack's input [batch, seq, embed].
       context: the active sharding context (its `pipeline` settings are used).
-      layer_axis: where the layers dimension sits in every parameter.
       batch_spec: the sharding of [batch, seq, embed] inside a stage (the residual stream's); it must not
         use the stage axis.
       remat: how the backward pass recomputes (None: the layers keep everything, the schedule nothing).
-      stored_specs: each parameter's sharding as the rules place it (as `stacked_params`), needed when the
-        settings gather the weights over fsdp once (`fsdp_gather_once`).
+      stored_specs: each parameter's sharding as the rules place it (as `params`), needed when the settings
+        gather the weights over fsdp once (`fsdp_gather_once`).
 
     Returns:
       The stack's output, as `x`.
@@ -98,16 +99,16 @@ def run_pipeline(
     stages = context.mesh.shape[axis]
     count = settings.microbatches
     repeats = settings.repeats
-    layers = jax.tree.leaves(stacked_params)[0].shape[layer_axis]
-    if layers % (stages * repeats):
-        raise ValueError(f"{layers} layers do not split into {stages} pipeline stages × {repeats} repeats")
+    stage_dim = 1 if repeats > 1 else 0
+    leaf = jax.tree.leaves(params)[0]
+    if leaf.shape[stage_dim] != stages or (repeats > 1 and leaf.shape[0] != repeats):
+        raise ValueError(f"parameters of shape {leaf.shape} are not laid out for {stages} stages × {repeats} repeats")
     if repeats > 1 and count < stages:
         raise ValueError(f"a circular pipeline needs at least as many microbatches ({count}) as stages ({stages})")
     if x.shape[0] % count:
         raise ValueError(f"a batch of {x.shape[0]} does not split into {count} microbatches")
     if any(axis in entry_axes(entry) for entry in batch_spec):
         raise ValueError(f"the activations inside a pipeline stage must not be sharded over {axis!r}: {batch_spec}")
-    per_visit = layers // (stages * repeats)
     micro = _to_microbatches(context, x, count, batch_spec)
     # The microbatches enter every stage whole, so their gradient is summed over the stage axis; JAX writes
     # that sum's reducer with a sharding constraint in it, which XLA's CPU compiler cannot widen from 16-bit
@@ -118,37 +119,37 @@ def run_pipeline(
     if context.platform == "cpu" and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
         micro = micro.astype(jnp.float32)
 
-    def chosen_layer(blocks, visit, hidden):
-        # A circular schedule's step runs the layers of visit `visit` of all the stage's blocks (see
-        # `_circular`); they are picked here so that a rematerialised layer picks them again in the backward
-        # pass instead of keeping the pick of every step.
+    def chosen_layer(blocks, visit, index, hidden):
+        # A circular schedule's step runs visit `visit` of the stage's blocks (see `_circular`); its layer
+        # `index` is picked here so that a rematerialised layer picks it again in the backward pass instead
+        # of keeping the pick of every step.
         if visit is None:
-            params = blocks
+            picked = blocks
         elif gathered is None:
-            params = jax.tree.map(lambda b: b[visit], blocks)
+            picked = jax.tree.map(lambda b: b[visit], blocks)
         else:
-            params = jax.tree.map(lambda b, g: _pick_visit(b, visit) if g else b[visit], blocks, gathered)
-        return apply_layer(params, hidden)
+            picked = jax.tree.map(lambda b, g: _pick_visit(b, visit) if g else b[visit], blocks, gathered)
+        return apply_layer(layers_of(picked)[index], hidden, index)
 
     run_layer = chosen_layer
     if remat is not None:
-        checkpointed = jax.checkpoint(chosen_layer, prevent_cse=False, policy=remat.layer)
+        checkpointed = jax.checkpoint(chosen_layer, prevent_cse=False, policy=remat.layer, static_argnums=(2,))
 
-        def run_layer(blocks, visit, hidden):
-            return checkpointed(blocks, visit, checkpoint_name(hidden, "decoder_layer_input"))
+        def run_layer(blocks, visit, index, hidden):
+            return checkpointed(blocks, visit, index, checkpoint_name(hidden, "decoder_layer_input"))
 
     def stage_layers(blocks, visit, hidden):
-        """One visit's layers in order: `blocks` holds their stacked params (a circular schedule's step:
-        every visit's, ahead of the layers dimension, of which `visit` is the index)."""
-        indexed = visit is not None
-        stacked = jax.tree.map(lambda p: jnp.moveaxis(p, layer_axis + indexed, 0), blocks)
+        """One visit's layers in turn: `blocks` holds the stage's parameters (a circular schedule's: every
+        visit's, ahead of the rest, of which `visit` is the index)."""
+        for index in range(per_visit):
+            hidden = run_layer(blocks, visit, index, hidden)
+        return hidden
 
-        def one_layer(h, layer):
-            return run_layer(layer, visit, h), None
-
-        return jax.lax.scan(one_layer, hidden, stacked)[0]
+    per_visit = len(layers_of(jax.tree.map(lambda _: None, params)))  # (read from the tree's structure)
 
     def schedule(params, micro):
+        # This stage's parameters: [repeats, …] blocks (block r: what it runs on visit r), or one block.
+        params = jax.tree.map(lambda p: jnp.squeeze(p, stage_dim), params)
         micro = micro.astype(inner_dtype)
         stage = jax.lax.axis_index(axis)
         first, last = stage == 0, stage == stages - 1
@@ -186,22 +187,13 @@ def run_pipeline(
             carry = _circular(iteration, carry, params, stage)
         return carry[1][None]
 
-    def _visit_blocks(params):
-        """A stage's layers as [repeats, per_visit, ...] blocks: block r is what the stage runs on visit r."""
-        return jax.tree.map(
-            lambda p: jnp.moveaxis(
-                p.reshape(*p.shape[:layer_axis], repeats, per_visit, *p.shape[layer_axis + 1 :]), layer_axis, 0
-            ),
-            params,
-        )
-
     def _circular(iteration, carry, params, stage):
         """The circular schedule's `count · repeats + stages - 1` steps, as MaxText's pipeline runs them
         (`get_current_repeat_from_stages`, with Auto and with Explicit mesh axes): each step picks its
         visit's block out of all of the stage's layers at a traced index, so the gradient of the stage's
         layers gathers in one buffer of all of them (with Explicit axes, see `_pick_visit` for what more
         that costs)."""
-        blocks = _visit_blocks(params)
+        blocks = params
 
         def one_step(c, step):
             return iteration(c, step, blocks, jnp.clip((step - stage) // count, 0, repeats - 1)), None
@@ -212,16 +204,14 @@ def run_pipeline(
     # Which parameters are stored split over other axes than the stage axis: with Explicit axes they are
     # gathered at the boundary (and with `fsdp_gather_once` before it), and their gradient is the buffer of
     # every visit `_pick_visit` makes, as in MaxText's explicit pipeline, gathered once or not.
-    gathered = jax.tree.map(lambda p: _split_beyond(p, axis), stacked_params) if context.explicit else None
+    gathered = jax.tree.map(lambda p: _split_beyond(p, axis), params) if context.explicit else None
     if settings.fsdp_gather_once:
         if stored_specs is None:
             raise ValueError("fsdp_gather_once needs the parameters' stored shardings (stored_specs)")
         # MaxText's pipeline_fsdp_ag_once: the whole stack gathered over fsdp before the schedule's loop, so
         # no step gathers a layer's weights again; its gradient is reduce-scattered back once.
-        stacked_params = jax.tree.map(
-            lambda p, spec: place(context, p, _without_axes(spec, settings.gathered_once)),
-            stacked_params,
-            stored_specs,
+        params = jax.tree.map(
+            lambda p, spec: place(context, p, _without_axes(spec, settings.gathered_once)), params, stored_specs
         )
 
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves
@@ -231,13 +221,13 @@ def run_pipeline(
     run = jax.shard_map(
         jax.checkpoint(schedule, policy=None if remat is None else remat.schedule),
         mesh=ambient_mesh(context),
-        in_specs=(jax.tree.map(lambda _: PartitionSpec(*(None,) * layer_axis, axis), stacked_params), PartitionSpec()),
+        in_specs=(jax.tree.map(lambda _: PartitionSpec(*(None,) * stage_dim, axis), params), PartitionSpec()),
         out_specs=PartitionSpec(axis),
         axis_names={axis},
         check_vma=False,
     )
     # Only the last stage's outputs are non-zero: the sum over stages is an all-reduce over `stage`.
-    outputs = jnp.sum(run(stacked_params, micro), axis=0)
+    outputs = jnp.sum(run(params, micro), axis=0)
     return _from_microbatches(context, outputs, batch_spec)
 
 

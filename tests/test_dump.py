@@ -76,12 +76,14 @@ def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microba
     stages, microbatches = mesh["stage"], 2
     assert stages == 2
     params = {p: t for p, t in plan.tensor_map.items() if t.kind == "param"}
-    stack = {p: t for p, t in params.items() if p.startswith(f"params/decoder/{MAIN_STACK[model]}/")}
-    assert stack
+    # MaxText's pipeline layout: one visit per stage, two layers a visit, [stages, …] under `layers_0`, `layers_1`.
+    assert not any(p.startswith(f"params/decoder/{MAIN_STACK[model]}/") for p in params)
+    stack = {p: t for p, t in params.items() if p.startswith("params/decoder/pipeline_module/layers/")}
+    assert {p.split("/")[4] for p in stack} == {"layers_0", "layers_1"}
     for path, tensor in stack.items():
-        assert tensor.logical is not None and tensor.logical[1] == MAIN_STACK[model], path
-        assert tensor.spec[1] == "stage", path
-        assert tensor.shard_shape[1] == tensor.shape[1] // stages, path
+        assert tensor.logical is not None and tensor.logical[0] == "layers", path
+        assert tensor.spec[0] == "stage", path
+        assert tensor.shape[0] == stages and tensor.shard_shape[0] == 1, path
     # DeepSeek's leading dense layers stay outside the pipeline (their stacked dimension is `dense_layers`).
     for path, tensor in params.items():
         if path.startswith("params/decoder/dense_layers/"):

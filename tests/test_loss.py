@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import PRESETS, TINY_MODELS
-from reference_models.decoder import Transformer, layer_stacks
+from reference_models.decoder import Transformer, layer_stacks, pipeline_layout
 from shardscope.stages.train_step import make_optimizer, make_train_step
 
 # float32 everywhere; sharded reductions sum in a different order, nothing more.
@@ -62,10 +62,11 @@ def test_sharded_step_equals_single_device(model, preset, overrides, compiled_ca
     assert_same_step(compiled_cases(model, preset, **overrides), state, batch, reference)
 
 
-def assert_same_step(step, state, batch, reference, layer_order=None):
-    """The compiled step's loss and gradients (through AdamW's first moment) equal the reference's.
-    `layer_order`: the main stack's stacked layers in the order the step applies them (a circular pipeline's)."""
+def assert_same_step(step, state, batch, reference):
+    """The compiled step's loss and gradients (through AdamW's first moment) equal the reference's; `state` is
+    the single-device model's, laid out as the case's model keeps it first (`in_case_layout`)."""
     ref_state, ref_metrics = reference
+    state = in_case_layout(step.case, state)
     # From host copies: the compiled step donates its state, which must not be the cached reference.
     placed_state = jax.device_put(jax.tree.map(np.asarray, state), step.abstract.state_shardings)
     placed_batch = jax.device_put(batch, step.abstract.batch_shardings)
@@ -73,9 +74,7 @@ def assert_same_step(step, state, batch, reference, layer_order=None):
     loss, ref_loss = float(metrics["loss"]), float(ref_metrics["loss"])
     assert np.isfinite(ref_loss) and ref_loss > 1.0
     np.testing.assert_allclose(loss, ref_loss, rtol=LOSS_RTOL)
-    got_mu = new_state["opt_state"][0].mu
-    if layer_order is not None:
-        got_mu = in_layer_order(step.case, got_mu, layer_order)
+    got_mu = stacked(step.case, new_state["opt_state"][0].mu)
     worst = 0.0
     got_leaves = jax.tree_util.tree_flatten_with_path(got_mu)[0]
     for (path, got), want in zip(got_leaves, jax.tree.leaves(ref_state["opt_state"][0].mu), strict=True):
@@ -90,19 +89,63 @@ def assert_same_step(step, state, batch, reference, layer_order=None):
     assert worst < GRAD_RTOL_OF_MAX
 
 
-def in_layer_order(case, tree, order):
-    """`tree` (params or a moment of them) with the main stack's stacked layers taken in `order`."""
-    stack = layer_stacks(case.model)[-1].name
+def _pipeline_layout(case):
+    stack = layer_stacks(case.model)[-1]
+    return stack, pipeline_layout(case.model, stack)
+
+
+def in_case_layout(case, state):
+    """A state of the stacked (single-device) model in the layout the case's model keeps (a pipelined case's:
+    MaxText's, where parameter [r, s] (its `layers_j`) is layer (r · stages + s) · per_visit + j)."""
+    stack, layout = _pipeline_layout(case)
+    if layout is None:
+        return state
+
+    def convert(tree):
+        decoder = dict(tree["decoder"])
+        layers = decoder.pop(stack.name)
+
+        def split(leaf):
+            leaf = np.moveaxis(np.asarray(leaf), 1, 0)  # [layers, …]
+            lead = (layout.stages, layout.per_visit)
+            lead = (layout.repeats, *lead) if layout.repeats > 1 else lead
+            return leaf.reshape(*lead, *leaf.shape[1:])
+
+        blocks = jax.tree.map(split, layers)
+        axis = 2 if layout.repeats > 1 else 1  # the per-visit index
+        if layout.per_visit == 1:
+            decoder["pipeline_module"] = {"layers": jax.tree.map(lambda b: np.take(b, 0, axis=axis), blocks)}
+        else:
+            decoder["pipeline_module"] = {
+                "layers": {
+                    f"layers_{j}": jax.tree.map(lambda b, j=j: np.take(b, j, axis=axis), blocks)
+                    for j in range(layout.per_visit)
+                }
+            }
+        return {**tree, "decoder": decoder}
+
+    params = convert(state["params"])
+    return {"params": params, "opt_state": make_optimizer().init(params)}
+
+
+def stacked(case, tree):
+    """The inverse of `in_case_layout` for one tree (params or a moment of them)."""
+    stack, layout = _pipeline_layout(case)
+    if layout is None:
+        return tree
     decoder = dict(tree["decoder"])
-    decoder[stack] = jax.tree.map(lambda leaf: np.take(np.asarray(leaf), order, axis=1), decoder[stack])
-    return {**tree, "decoder": decoder}
+    blocks = decoder.pop("pipeline_module")["layers"]
+    per_layer = [blocks] if layout.per_visit == 1 else [blocks[f"layers_{j}"] for j in range(layout.per_visit)]
+    axis = 2 if layout.repeats > 1 else 1
 
+    def join(*leaves):
+        leaf = np.stack([np.asarray(x) for x in leaves], axis=axis)  # [(repeats,) stages, per_visit, …]
+        leaf = leaf.reshape(-1, *leaf.shape[axis + 1 :])  # [layers, …] in their order
+        return np.moveaxis(leaf, 0, 1)
 
-def circular_order(layers, stages, repeats):
-    """The stacked layers (stage-major: stage s holds s·L/S …) in the order a circular schedule applies
-    them: each visit r of stage s runs that stage's r-th block of L / (S·R) layers."""
-    per_stage, per_visit = layers // stages, layers // (stages * repeats)
-    return [s * per_stage + r * per_visit + j for r in range(repeats) for s in range(stages) for j in range(per_visit)]
+    decoder[stack.name] = jax.tree.map(join, *per_layer)
+    order = list(tree)
+    return {key: ({**decoder} if key == "decoder" else tree[key]) for key in order}
 
 
 # Circular pipelines (each stage visited twice, one layer a visit), Explicit and Auto, with the remat
@@ -124,16 +167,13 @@ CIRCULAR_CASES = [
 )
 def test_circular_pipeline_equals_single_device_in_its_layer_order(model, overrides, compiled_cases, references):
     preset = "explicit-pipeline"
-    state, batch, _ = references(model)
+    state, batch, reference = references(model)
     step = compiled_cases(model, preset, **{"pipeline.repeats": "2"}, **overrides)
-    stages = step.case.mesh_sizes[step.case.preset.pipeline.stage_axis]
-    order = circular_order(step.case.model.main_stack_layers, stages, 2)
-    assert order != sorted(order)  # the schedule's order is not the stacking order: the test can tell them apart
-    # The same network with its layers relabelled: the single-device step over the layers in that order.
-    reordered = {**state, "params": in_layer_order(step.case, state["params"], order)}
-    reordered["opt_state"] = make_optimizer().init(reordered["params"])
-    reference = single_device_step(compiled_cases(model, "default").case, reordered, batch)
-    assert_same_step(step, state, batch, reference, layer_order=order)
+    layout = pipeline_layout(step.case.model, layer_stacks(step.case.model)[-1])
+    assert layout is not None and layout.repeats == 2
+    # Parameters [r, s] hold layer r · stages + s (MaxText's numbering), which is the order the schedule runs
+    # them in: the single-device step over the layers in their stacked order, relabelled into that layout.
+    assert_same_step(step, state, batch, reference)
 
 
 # MaxText's remat policies by name (and `none`): what the backward pass keeps changes, the math does not.

@@ -177,9 +177,10 @@ def test_seed_003_plans_from_its_command_line(mode):
     assert plan.case.axis_types == mode
     assert dict(plan.case.overrides)["pipeline.microbatches"] == "8"
     assert dict(plan.case.overrides)["pipeline.repeats"] == "16"  # circular: one layer per visit, as MaxText runs it
-    # Each stage holds half of the 32 layers: the stacked dimension of every layer weight is on `stage`.
-    query = dict(plan.tensors)["params/decoder/layers/self_attention/query/kernel"]
-    assert query.shape[1] == 32 and "stage" in str(query.spec[1])
+    # MaxText's pipeline layout: [16 repeats, 2 stages, …], the stages dimension on `stage`, as MaxText's dump.
+    query = dict(plan.tensors)["params/decoder/pipeline_module/layers/self_attention/query/kernel"]
+    assert query.shape[:2] == (16, 2) and query.logical[:2] == ("circular_repeats", "layers")
+    assert query.spec[0] is None and "stage" in str(query.spec[1])
 
 
 def test_pipeline_fsdp_ag_once_is_the_pipelines_gather_once_setting():

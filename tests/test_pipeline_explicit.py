@@ -16,6 +16,7 @@ from shardscope.stages.compile import lower_case
 FSDP = {"data": 1, "stage": 2, "fsdp": 2, "expert": 2}
 STAGE_ONLY = {"data": 4, "stage": 2, "fsdp": 1, "expert": 1}
 REPEATS = 2
+PIPELINED = "params/decoder/pipeline_module/layers/"  # MaxText's pipeline layout of the stack
 
 
 def barrier_shapes(mode: str, mesh: dict[str, int], once: bool = False) -> list[str]:
@@ -80,13 +81,13 @@ def _visit_gradient_bytes(plan_of, mode: str, mesh: dict[str, int]) -> tuple[int
         record
         for path, record in plan.tensors
         if record.kind == "param"
-        and path.startswith("params/decoder/layers/")
+        and path.startswith(PIPELINED)
         and any("fsdp" in (e if isinstance(e, tuple) else (e,)) for e in record.spec if e)
     ]
     if mode == "auto":
         # With Auto axes the pick at a traced index updates a buffer of every stacked weight, as the layers
         # use it (here the weights' own dtype: the tiny model runs in float32): read and written per step.
-        stacked = [r for p, r in plan.tensors if r.kind == "param" and p.startswith("params/decoder/layers/")]
+        stacked = [r for p, r in plan.tensors if r.kind == "param" and p.startswith(PIPELINED)]
         assert {r.dtype for r in stacked} == {placement.case.model.dtype}
         return added, 2 * steps * sum(record.bytes_per_device for record in stacked)
     return added, 4 * steps * sum(record.bytes_per_device for record in split)

@@ -32,20 +32,15 @@ CASES = tuple(_goldens())
 
 def test_forward_weight_gathers_match_compiled_rows():
     # Measured: every predicted forward weight all-gather matches a compiled one (op, axes, shape up to unit
-    # dims, loop trips, cause naming the weight) outside the explicit-pipeline cases (stage-sharded stacks:
-    # the pipeline's own loop, not modelled), where 10 of 30 do.
-    unpipelined = [0, 0]
-    everything = [0, 0]
+    # dims, loop trips, cause naming the weight), the explicit pipelines' included (373 of 373): their stage
+    # layers, each a weight of its own in MaxText's pipeline layout, are gathered once per step.
+    matched = total = 0
     for name, golden in CASES:
-        matched, total = gather_matches(golden, predicted_plan(tensors_only(golden)))
-        assert total, name
-        everything[0] += matched
-        everything[1] += total
-        if "pipeline" not in name or "large-moe" in name:
-            unpipelined[0] += matched
-            unpipelined[1] += total
-    assert unpipelined[0] == unpipelined[1]
-    assert everything[0] / everything[1] >= 0.94  # 333 of 353 measured
+        found, count = gather_matches(golden, predicted_plan(tensors_only(golden)))
+        assert count, name
+        matched += found
+        total += count
+    assert matched == total and total >= 350
 
 
 def test_default_case_traffic_per_axis_within_two_percent():

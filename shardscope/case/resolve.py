@@ -5,6 +5,7 @@ Everything here is validated before JAX starts, so a wrong name or mesh fails in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -129,6 +130,7 @@ def resolve_case(
     resolved_preset = with_model_rules(resolved_preset, model.logical_axis_rules)
     sizes = resolve_mesh(resolved_preset, topo.num_devices, mesh or {})
     resolved_preset, sizes = as_maxtext_pipelines(resolved_preset, sizes)
+    model = pipelined_model(model, resolved_preset, dict(sizes))
     check_model(model_name, model, math.prod(size for _, size in sizes))
     case = Case(
         model_name=model_name,
@@ -196,6 +198,16 @@ def resolve_maxtext_case(
         settings,
     )
     return case, run
+
+
+def pipelined_model(model: DecoderConfig, preset: Preset, sizes: dict[str, int]) -> DecoderConfig:
+    """The model with its main stack laid out for the preset's pipeline (its stages and repeats), when the
+    stage axis is in use: MaxText's pipeline keeps those parameters in a layout of their own."""
+    pipeline = preset.pipeline
+    stages = sizes.get(pipeline.stage_axis, 1) if pipeline is not None else 1
+    if pipeline is None or stages <= 1:
+        return model
+    return dataclasses.replace(model, pipeline_stages=stages, pipeline_repeats=pipeline.repeats)
 
 
 def _check_pipeline(case: Case) -> None:

@@ -16,11 +16,13 @@ understates the need: treat it as a floor, and compile for the TPU topology for 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from shardscope.case.hardware import Hardware
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import ESTIMATED, EXACT, MemoryEstimate
+from shardscope.plan.records import is_stack_name
 
 
 def _kind_bytes(plan: Plan) -> dict[str, int]:
@@ -42,10 +44,15 @@ def layer_trips(plan: Plan) -> dict[str, int]:
         if tensor.kind != "param" or not tensor.logical:
             continue
         parts = path.split("/")[1:]
-        for index, name in enumerate(tensor.logical):
+        for name in tensor.logical:
             if name is not None and (name == "layers" or name.endswith("_layers")) and name in parts:
                 prefix = "/".join(parts[: parts.index(name) + 1])
-                trips[prefix] = max(trips.get(prefix, 1), tensor.shape[index])
+                # A pipelined stack (MaxText's layout: [circular_repeats, layers(stages), …]) stacks its layers
+                # over both leading dimensions.
+                stacked = math.prod(
+                    size for size, axis in zip(tensor.shape, tensor.logical, strict=False) if is_stack_name(axis)
+                )
+                trips[prefix] = max(trips.get(prefix, 1), stacked)
     return trips
 
 

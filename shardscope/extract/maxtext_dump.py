@@ -30,7 +30,13 @@ DUMP_FILES = ("named_shardings.json", "logical_shardings.json", "input_shardings
 _KEY_PART = re.compile(r"\['([^']*)'\]|\[(\d+)\]|\.(\w+)")
 # "file/variable: dtype[shape]", or "Unknown: dtype[shape]" where MaxText could not name the variable (the
 # constraints of its Llama layer): read as file and name "Unknown".
-_ACTIVATION_KEY = re.compile(r"(?:(?P<file>[^/:]+)/)?(?P<name>[^:]+): (?P<dtype>\w+)\[(?P<shape>[\d,]*)\]")
+# The shape is written as its type prints: with Explicit mesh axes a dimension carries its axes (`6@fsdp`,
+# `64@(fsdp,expert)`).
+_DIM = r"\d+(?:@(?:\w+|\([\w,]*\)))?"
+_ACTIVATION_KEY = re.compile(
+    rf"(?:(?P<file>[^/:]+)/)?(?P<name>[^:]+): (?P<dtype>\w+)\[(?P<shape>(?:{_DIM}(?:,{_DIM})*)?)\]"
+)
+_DIM_SIZE = re.compile(r"(\d+)(?:@(?:\w+|\([\w,]*\)))?")
 UNNAMED = "Unknown"
 
 
@@ -99,7 +105,7 @@ def _activation(key: str, entry: dict[str, Any], where: str) -> DumpActivation:
     logical = None if raw_logical == "Unknown" else _parse_repr_tuple(raw_logical, where)
     pspec = str(entry.get("PartitionSpec", "P()"))
     spec = tuple(_spec_entry(e) for e in _parse_repr_tuple(pspec.removeprefix("P"), where))
-    shape = tuple(int(d) for d in match["shape"].split(",") if d)
+    shape = tuple(int(size) for size in _DIM_SIZE.findall(match["shape"]))
     if match["file"] is None and match["name"] != UNNAMED:
         raise ShardscopeError(f"{where}: unexpected activation entry {key!r}")
     return DumpActivation(match["file"] or UNNAMED, match["name"], match["dtype"], shape, logical, spec)

@@ -11,7 +11,7 @@ from shardscope.case.rules import entry_axes, explain_logical
 from shardscope.case.topology import DCN_AXIS
 from shardscope.lint.context import LintContext, LogicalAxes, axes_text, in_moe_block, rule_subject
 from shardscope.plan.findings import Finding
-from shardscope.plan.records import TensorRecord
+from shardscope.plan.records import TensorRecord, is_stack_name
 from shardscope.plan.units import human_bytes
 
 ACTIVATION_PREFIX = "activation_"
@@ -205,8 +205,8 @@ def check_large_replicated(ctx: LintContext) -> Iterator[Finding]:
 
 
 def is_layer_stack_name(name: str | None) -> bool:
-    """Whether a logical name is a scanned layer stack's (`layers`, `dense_layers`, `moe_layers`, …)."""
-    return name is not None and (name == "layers" or name.endswith("_layers"))
+    """Whether a logical name stacks layers (`plan.records.is_stack_name`)."""
+    return is_stack_name(name)
 
 
 def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:

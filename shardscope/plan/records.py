@@ -135,8 +135,25 @@ ROUTED_EXPERT_LEAVES = ("wi_0", "wi_1", "wo")
 
 
 def is_routed_expert(path: str, record: TensorRecord) -> bool:
-    """Whether a tensor is a routed expert weight (see ROUTED_EXPERT_LEAVES); its experts are dimension 0."""
+    """Whether a tensor is a routed expert weight (see ROUTED_EXPERT_LEAVES); its experts are dimension
+    `expert_dim(record)`."""
     return record.kind == "param" and path.rsplit("/", 1)[-1] in ROUTED_EXPERT_LEAVES
+
+
+def is_stack_name(name: str | None) -> bool:
+    """A logical dimension that stacks layers: a scan's (`layers`, `moe_layers`, …) or a pipeline's repeats
+    (`circular_repeats`: MaxText's pipelined layout is [repeats, stages, …])."""
+    return name is not None and (name in ("layers", "circular_repeats") or name.endswith("_layers"))
+
+
+def expert_dim(record: TensorRecord) -> int:
+    """The experts' dimension of a routed expert weight: its first (a scanned stack's [experts, layers, …]),
+    after the leading stack dimensions of MaxText's pipelined layout ([repeats, stages, experts, …])."""
+    logical = record.logical or ()
+    leading = 0
+    while leading < len(logical) and is_stack_name(logical[leading]):
+        leading += 1
+    return leading
 
 
 def tensor_record(

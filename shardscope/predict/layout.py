@@ -15,7 +15,7 @@ from shardscope.case.resolve import Case, resolve_case
 from shardscope.case.rules import entry_axes
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow, TensorRecord, is_routed_expert
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord, expert_dim, is_routed_expert, is_stack_name
 
 _TOKEN_INPUT = "inputs/tokens"
 # Flax's `nn.Embed` table: read by a gather of the looked-up rows, never gathered whole nor all-reduced (the
@@ -41,6 +41,9 @@ class Weight:
     # Layers of the stack each loop trip runs: 1, but in a pipeline, whose loop runs once per iteration
     # (microbatches × repeats + stages − 1, the bubble included) over the layers of one repeat of a stage.
     per_trip: int = 1
+    # The same slice at every trip of its loop (a one-visit pipeline's stage layer, which MaxText's layout
+    # keeps as a weight of its own): the compiler moves its gathers out of the loop, once per step.
+    invariant: bool = False
 
     @property
     def stacked(self) -> bool:
@@ -142,8 +145,8 @@ def in_mesh_order(plan: Plan, axes: set[str] | tuple[str, ...]) -> tuple[str, ..
 
 
 def is_stack_dim(logical: str | None) -> bool:
-    """The dimension a scan over layers slices (`layers`, `moe_layers`, `dense_layers`)."""
-    return logical is not None and logical.endswith("layers")
+    """A dimension that stacks layers (`plan.records.is_stack_name`)."""
+    return is_stack_name(logical)
 
 
 def token_axes(plan: Plan) -> tuple[str, ...]:
@@ -192,7 +195,7 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
             split |= stored
             continue
         split |= axes
-        dim_kept = axes if routed and index == 0 else axes - set(tokens)
+        dim_kept = axes if routed and index == expert_dim(record) else axes - set(tokens)
         kept |= dim_kept
         layer_shape.append(size if not dim_kept else local if dim_kept == axes else -1)
     placed = _placed(plan, path) if routed else None
@@ -205,7 +208,9 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
         layer_shape = [
             -(-record.shape[d] // math.prod(sizes[a] for a in entry_axes(record.spec[d]) if a in kept)) for d in dims
         ]
+    held = trips  # layers of the stack this device holds
     trips, per_trip = pipeline_trips(trips, stack, case, dict(plan.case.mesh))
+    pipeline = case.preset.pipeline if case is not None and stack else None
     return Weight(
         path=path,
         module=path.removeprefix("params/").rsplit("/", 1)[0],
@@ -216,6 +221,7 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
         gathered_axes=in_mesh_order(plan, split - kept),
         kept_axes=in_mesh_order(plan, kept),
         stack_axes=in_mesh_order(plan, stack),
+        invariant=pipeline is not None and pipeline.repeats == 1 and held == 1,
     )
 
 

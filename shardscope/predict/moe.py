@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
+from shardscope.plan.records import Cause, CollectiveRow, TensorRecord, expert_dim
 from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row, sequence_length
 from shardscope.predict.rules import rules_on
 
@@ -67,7 +67,7 @@ def moe_exchanges(
         exchange = in_mesh_order(plan, set(weight.kept_axes) & block.split_tokens)
         if not exchange:
             continue  # experts not split, or split on axes that do not split the tokens: no exchange
-        num_experts = weight.record.shape[0]
+        num_experts = weight.record.shape[expert_dim(weight.record)]
         local_tokens = block.local_tokens
         slots = (num_experts, capacity(local_tokens, case, sequence_length(inputs)), inputs.shape[-1])
         cause = Cause(

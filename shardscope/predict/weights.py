@@ -162,5 +162,7 @@ def input_token_axes(plan: Plan, weight: Weight, batch: tuple[str, ...]) -> set[
 
 
 def _per_layer(op: str, weight: Weight, axes: tuple[str, ...], pass_: str, cause: Cause, dtype: str) -> CollectiveRow:
-    """One collective of the weight's whole per-layer slice, once in each layer of its stack."""
-    return layer_row(op, weight, axes, weight.layer_shape, dtype, pass_, cause)
+    """One collective of the weight's whole per-layer slice, once in each layer of its stack (once per step
+    for a weight the same at every trip, `Weight.invariant`)."""
+    row = layer_row(op, weight, axes, weight.layer_shape, dtype, pass_, cause)
+    return dataclasses.replace(row, loop_trips=1) if weight.invariant and op == "all-gather" else row
