@@ -9,6 +9,8 @@ one, the one a pipeline splits over stages.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer,
 from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec, weights_in
 from reference_models.pipeline import PipelineRemat, run_pipeline
 from reference_models.remat import pipeline_remat_policy, remat_policy
-from reference_models.sharding import ShardingContext, current_context, path_prefix, unsharded
+from reference_models.sharding import ShardingContext, current_context, path_prefix, sharding_context, unsharded
 
 # MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
 PARAM_SCAN_AXIS = 1
@@ -174,27 +176,33 @@ class Decoder(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
         stacks = layer_stacks(cfg)
-        context = current_context()
+        outer = current_context()
         for stack in stacks:
-            if context is not None and context.explicit:
-                # A scan's carry keeps its type: enter each stack on the residual stream's sharding.
-                x = jax.sharding.reshard(x, context.resolve(RESIDUAL))
             layout = pipeline_layout(cfg, stack) if stack is stacks[-1] else None
-            if layout is not None:
-                if self.is_initializing():
-                    PipelineModule(cfg, stack, layout, name="pipeline_module")(x)
-                elif context is not None and context.pipeline is not None:
-                    x = self._pipelined(x, stack, layout, context)
-                else:
-                    x = self._in_order(x, stack, layout)
-                continue
-            # MaxText's `remat_policy` (default `full`: each layer saves only its input and recomputes the rest
-            # in the backward pass, which is where its gathers run a second time); shardscope's `none` keeps all.
-            layer = stack.layer
-            if cfg.remat != "none":
-                policy = remat_policy(cfg.remat, cfg.remat_custom)
-                layer = nn.remat(stack.layer, prevent_cse=False, policy=policy)
-            x, _ = _scanned(layer, stack)(cfg, **stack.options, name=stack.name)(x, None)
+            context = outer
+            if layout is None and outer is not None and outer.resolve_outside_pipeline is not None:
+                # A stack the pipeline does not run: the stage axis acts as data (MaxText's rules for it).
+                context = dataclasses.replace(outer, resolve=outer.resolve_outside_pipeline)
+            with sharding_context(context) if context is not None else contextlib.nullcontext():
+                if context is not None and context.explicit:
+                    # A scan's carry keeps its type: enter each stack on the residual stream's sharding.
+                    x = jax.sharding.reshard(x, context.resolve(RESIDUAL))
+                if layout is not None:
+                    if self.is_initializing():
+                        PipelineModule(cfg, stack, layout, name="pipeline_module")(x)
+                    elif context is not None and context.pipeline is not None:
+                        x = self._pipelined(x, stack, layout, context)
+                    else:
+                        x = self._in_order(x, stack, layout)
+                    continue
+                # MaxText's `remat_policy` (default `full`: each layer saves only its input and recomputes the
+                # rest in the backward pass, which is where its gathers run a second time); shardscope's `none`
+                # keeps all.
+                layer = stack.layer
+                if cfg.remat != "none":
+                    policy = remat_policy(cfg.remat, cfg.remat_custom)
+                    layer = nn.remat(stack.layer, prevent_cse=False, policy=policy)
+                x, _ = _scanned(layer, stack)(cfg, **stack.options, name=stack.name)(x, None)
         x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
         logits = DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
         out = explicit_spec(_LOGITS)

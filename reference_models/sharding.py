@@ -42,6 +42,9 @@ class ShardingContext:
     moe_strategy: str = "all_to_all"
     # Set when the main layer stack runs as a pipeline over a stage axis of more than one device.
     pipeline: PipelineSettings | None = None
+    # With a pipeline, the rules the layers it does not run (DeepSeek's dense layers) are placed by: the stage
+    # axis acting as data (MaxText's `logical_axis_rules_pp_act_as_dp`). None: `resolve`.
+    resolve_outside_pipeline: Resolver | None = None
     # Called with (path, shape, spec) before constraining; raises if the spec cannot shard the shape, or
     # returns the spec to use instead (None: the spec as it is).
     validate: Validator | None = None

@@ -410,6 +410,21 @@ def as_maxtext_pipelines(
     return moved, tuple((axis, by_axis[axis]) for axis in axes)
 
 
+def stage_as_data(
+    rules: tuple[tuple[str, tuple[str, ...]], ...], stage: str
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The rules for layers a pipeline does not run, as MaxText's `logical_axis_rules_pp_act_as_dp` makes
+    them: the stage axis acts as data (taken out of every rule, and put before `data` where a rule has it)."""
+    moved = []
+    for name, axes in rules:
+        kept = tuple(axis for axis in axes if axis != stage)
+        if "data" in kept:
+            at = kept.index("data")
+            kept = (*kept[:at], stage, *kept[at:])
+        moved.append((name, kept))
+    return tuple(moved)
+
+
 def _boolean(key: str, value: str) -> bool:
     if value.lower() not in ("true", "false"):
         raise ShardscopeError(f"--set {key}={value}: expected true or false")

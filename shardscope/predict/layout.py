@@ -85,7 +85,9 @@ def microbatch_tokens(case: Case | None, tokens: int, sizes: dict[str, int], bat
     if case is None or case.preset.pipeline is None:
         return tokens
     sequences = max(1, case.global_batch // case.preset.pipeline.microbatches)
-    ways = math.prod(sizes[a] for a in batch_axes)
+    # Inside the pipeline the stage axis splits no batch (outside it, layers the pipeline does not run use it
+    # as a data axis, which puts it among the token axes).
+    ways = math.prod(sizes[a] for a in batch_axes if a != case.preset.pipeline.stage_axis)
     if ways > 1 and sequences % ways == 0:
         sequences //= ways
     return sequences * case.model.seq_len

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from reference_models.config import PipelineSettings
 from reference_models.sharding import ActivationRecord, ShardingContext, sharding_context
+from shardscope.case.presets import stage_as_data
 from shardscope.case.resolve import Case, compiler_options_for
 from shardscope.case.rules import Indivisible
 from shardscope.errors import MemoryExhaustedError, ShardscopeError
@@ -82,11 +83,16 @@ def sharding_context_for(
         return None if placed == entries else PartitionSpec(*placed)
 
     resolved: set[LogicalAxes] = set()
+    pipeline = pipeline_settings(case)
+    outside = None
+    if pipeline is not None:
+        outside = resolver(case, resolved, stage_as_data(case.preset.logical_axis_rules, pipeline.stage_axis))
     return ShardingContext(
         mesh=mesh,
         resolve=resolver(case, resolved),
         moe_strategy=case.preset.moe,
-        pipeline=pipeline_settings(case),
+        pipeline=pipeline,
+        resolve_outside_pipeline=outside,
         validate=validate,
         resolved=resolved,
     )

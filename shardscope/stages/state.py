@@ -30,6 +30,7 @@ from shardscope.stages.train_step import make_optimizer
 
 # A pytree path joined with "/" (e.g. "params/decoder/layers/moe/wi_0").
 TensorPath = str
+Rules = tuple[tuple[str, tuple[str, ...]], ...]
 # A logical-axes tuple, one name (or None) per dimension.
 LogicalAxes = tuple[str | None, ...]
 
@@ -79,17 +80,19 @@ def check_divisible(
     )
 
 
-def physical_spec(case: Case, logical: Sequence[str | None]) -> Spec:
-    """The spec a logical-axes tuple gets on this case's mesh: the rules' answer without size-1 axes."""
-    return drop_unit_axes(resolve_logical(logical, case.preset.logical_axis_rules), case.mesh_sizes)
+def physical_spec(case: Case, logical: Sequence[str | None], rules: Rules | None = None) -> Spec:
+    """The spec a logical-axes tuple gets on this case's mesh: the rules' answer (the preset's unless `rules`
+    are given) without size-1 axes."""
+    return drop_unit_axes(resolve_logical(logical, rules or case.preset.logical_axis_rules), case.mesh_sizes)
 
 
-def resolver(case: Case, resolved: set[LogicalAxes]):
-    """The models' logical → PartitionSpec resolver for this case; it records every tuple it is asked."""
+def resolver(case: Case, resolved: set[LogicalAxes], rules: Rules | None = None):
+    """The models' logical → PartitionSpec resolver for this case (under `rules` instead of the preset's when
+    given); it records every tuple it is asked."""
 
     def resolve(logical: Sequence[str | None]) -> PartitionSpec:
         resolved.add(tuple(logical))
-        return PartitionSpec(*physical_spec(case, logical))
+        return PartitionSpec(*physical_spec(case, logical, rules))
 
     return resolve
 
