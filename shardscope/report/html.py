@@ -242,9 +242,10 @@ def _unchanged_tensor(path: str, tensor: TensorRecord) -> dict[str, str]:
 
 def _unchanged_collective(row: CollectiveRow) -> dict[str, Any]:
     shift = f" shift {row.shift:+d}" if row.shift is not None else ""
+    handoff = " (hand-off)" if row.handoff else ""  # nothing hides it (see the expected step)
     return {
         "op": row.op,
-        "axes": axes_label(row) + shift,
+        "axes": axes_label(row) + shift + handoff,
         "pass": row.pass_,
         "source": row.source or "(top level)",
         "shape": f"{row.dtype}[{','.join(map(str, row.shape))}]",

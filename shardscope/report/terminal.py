@@ -50,6 +50,8 @@ def _collectives_table(rows: Sequence[CollectiveRow], title: str, width: int) ->
     for row in rows:
         shape = f"{row.dtype}[{','.join(map(str, row.shape))}]"
         axes = axes_label(row) + (f" shift {row.shift:+d}" if row.shift is not None else "")
+        # A hand-off between loop iterations: nothing hides it (see the expected step).
+        axes += " (hand-off)" if row.handoff else ""
         trips = "?" if row.loop_trips is None else str(row.loop_trips)
         table.add_row(
             row.op,
