@@ -93,11 +93,6 @@ class PipelineLayout:
     repeats: int
     per_visit: int
 
-    def stage_module(self, config: DecoderConfig, stack: LayerStack) -> nn.Module:
-        if self.per_visit == 1:
-            return stack.layer_module(config)
-        return SequentialStage(config, stack.layer, tuple(sorted(stack.options.items())), self.per_visit)
-
     def layers_of(self, stage_params: Any) -> list[Any]:
         """One visit's per-layer parameters, in the order they run."""
         if self.per_visit == 1:
@@ -126,13 +121,12 @@ class PipelineModule(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         layout = self.layout
-        stage = type(layout.stage_module(self.config, self.stack))
-        kwargs: dict[str, Any] = {"config": self.config}
-        if layout.per_visit == 1:
-            kwargs.update(self.stack.options)
-        else:
-            options = tuple(sorted(self.stack.options.items()))
-            kwargs.update(layer=self.stack.layer, options=options, count=layout.per_visit)
+        # One visit's stage: the layer itself, or several in turn (MaxText's sequential stage).
+        stage: Any = self.stack.layer
+        kwargs: dict[str, Any] = dict(self.stack.options)
+        if layout.per_visit > 1:
+            stage = SequentialStage
+            kwargs = {"layer": self.stack.layer, "options": tuple(sorted(kwargs.items())), "count": layout.per_visit}
 
         def over(target: Any, size: int, name: str) -> Any:
             return nn.vmap(
@@ -148,7 +142,7 @@ class PipelineModule(nn.Module):
         target = over(stage, layout.stages, "layers")
         if layout.repeats > 1:
             target = over(target, layout.repeats, "circular_repeats")
-        target(**kwargs, name="layers")(x, None)
+        target(self.config, **kwargs, name="layers")(x, None)
         return x
 
 
@@ -180,10 +174,12 @@ class Decoder(nn.Module):
         for stack in stacks:
             layout = pipeline_layout(cfg, stack) if stack is stacks[-1] else None
             context = outer
+            placed: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
             if layout is None and outer is not None and outer.resolve_outside_pipeline is not None:
                 # A stack the pipeline does not run: the stage axis acts as data (MaxText's rules for it).
                 context = dataclasses.replace(outer, resolve=outer.resolve_outside_pipeline)
-            with sharding_context(context) if context is not None else contextlib.nullcontext():
+                placed = sharding_context(context)
+            with placed:
                 if context is not None and context.explicit:
                     # A scan's carry keeps its type: enter each stack on the residual stream's sharding.
                     x = jax.sharding.reshard(x, context.resolve(RESIDUAL))

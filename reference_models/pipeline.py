@@ -187,13 +187,12 @@ def run_pipeline(
             carry = _circular(iteration, carry, params, stage)
         return carry[1][None]
 
-    def _circular(iteration, carry, params, stage):
+    def _circular(iteration, carry, blocks, stage):
         """The circular schedule's `count · repeats + stages - 1` steps, as MaxText's pipeline runs them
         (`get_current_repeat_from_stages`, with Auto and with Explicit mesh axes): each step picks its
         visit's block out of all of the stage's layers at a traced index, so the gradient of the stage's
         layers gathers in one buffer of all of them (with Explicit axes, see `_pick_visit` for what more
         that costs)."""
-        blocks = params
 
         def one_step(c, step):
             return iteration(c, step, blocks, jnp.clip((step - stage) // count, 0, repeats - 1)), None

@@ -44,14 +44,14 @@ def layer_trips(plan: Plan) -> dict[str, int]:
         if tensor.kind != "param" or not tensor.logical:
             continue
         parts = path.split("/")[1:]
+        # A pipelined stack (MaxText's layout: [circular_repeats, layers (stages), …]) stacks its layers over
+        # both leading dimensions.
+        stacked = math.prod(
+            size for size, axis in zip(tensor.shape, tensor.logical, strict=False) if is_stack_name(axis)
+        )
         for name in tensor.logical:
-            if name is not None and (name == "layers" or name.endswith("_layers")) and name in parts:
+            if is_stack_name(name) and name in parts:
                 prefix = "/".join(parts[: parts.index(name) + 1])
-                # A pipelined stack (MaxText's layout: [circular_repeats, layers(stages), …]) stacks its layers
-                # over both leading dimensions.
-                stacked = math.prod(
-                    size for size, axis in zip(tensor.shape, tensor.logical, strict=False) if is_stack_name(axis)
-                )
                 trips[prefix] = max(trips.get(prefix, 1), stacked)
     return trips
 

@@ -46,7 +46,7 @@ from shardscope.hlo.module import gc_paused, read_module
 from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.notices import module_notices
 from shardscope.hlo.origins import Origin, Origins, op_name_of
-from shardscope.hlo.records import COLLECTIVE_LIKE, Instruction, Module
+from shardscope.hlo.records import COLLECTIVE_LIKE, COLLECTIVE_OPS, Instruction, Module, base_opcode
 from shardscope.hlo.shapes import async_start_output, shape_info
 from shardscope.hlo.trips import LoopTrips
 
@@ -60,8 +60,6 @@ __all__ = [
     "parse_collectives",
 ]
 
-COLLECTIVE_OPS: tuple[str, ...] = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all")
-COLLECTIVE_OPS += ("collective-permute", "collective-broadcast")
 PASSES = ("forward", "backward", "optimizer", "other")
 _PAIRS_RE = re.compile(r"source_target_pairs=(\{(?:\s*\{[^{}]*\}\s*,?)*\s*\})")
 _PAIR_RE = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
@@ -190,10 +188,6 @@ class _Rows:
         return (shifted[0], None, shifted[1]) if shifted else (None, format_pairs(pairs), None)
 
 
-def _base(opcode: str) -> str:
-    return opcode.rsplit("-", 1)[0] if opcode.endswith(("-start", "-done")) else opcode
-
-
 def collectives_of(
     module: Module, mesh: MeshLayout | None = None, narrow: bool = False, trace: bool = False
 ) -> HloCollectives:
@@ -217,7 +211,7 @@ def collectives_of(
         mine = per_computation.setdefault(comp.name, [])
         for instruction in comp.instructions:
             opcode = instruction.opcode
-            base = _base(opcode)
+            base = base_opcode(opcode)
             if opcode.endswith(("-done", "-update")):
                 r = starts.pop(instruction.operands[0], None) if instruction.operands else None
                 if r is not None and base in COLLECTIVE_OPS:

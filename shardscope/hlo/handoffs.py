@@ -16,23 +16,23 @@ waits for it). Collectives moving the loop state a pipeline only reads iteration
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from shardscope.hlo.executions import computation_instructions
-from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module, parameter_index
+from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_OPS, Instruction, Module, base_opcode, parameter_index
 
 __all__ = ["Handoffs"]
 
 _MATRIX_OPS = frozenset({"dot", "convolution"})
 _KERNEL_TARGET = "tpu_custom_call"  # a Pallas kernel of a TPU program (attention, grouped matmul)
-_COLLECTIVES = frozenset(
-    {"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all"}
-    | {"collective-permute", "collective-broadcast"}
+# Matrix work in a computation's text (an opcode is followed by its operands' parenthesis; a name is not).
+_MATRIX_TEXT = re.compile(rf' (?:dot|convolution)\(|custom_call_target="{_KERNEL_TARGET}"')
+# The computations a computation's instructions call (a reducer, `to_apply`, is no matrix work).
+_CALLED_TEXT = re.compile(
+    r"\b(?:calls|body|condition|true_computation|false_computation|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)"
 )
-
-
-def _base(opcode: str) -> str:
-    return opcode.rsplit("-", 1)[0] if opcode.endswith(("-start", *ASYNC_ENDS)) else opcode
+_COMPUTATION_NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 
 
 class Handoffs:
@@ -63,11 +63,17 @@ class Handoffs:
         return self._found[computation]
 
     def _has_matrix(self, computation: str) -> bool:
-        """Whether a computation (or one it calls) holds matrix work."""
+        """Whether a computation (or one it calls) holds matrix work, read from its text: a fused computation
+        is seldom worth reading instruction by instruction (most of a module's text is theirs)."""
         if computation not in self._matrix:
             self._matrix[computation] = False  # a call cycle (invalid HLO) reads as none
-            instructions = computation_instructions(self.module, computation)
-            self._matrix[computation] = any(self._is_matrix(i) for i in instructions)
+            found = self.module.by_name.get(computation)
+            text = self.module.text[found.start : found.end] if found is not None else ""
+            self._matrix[computation] = _MATRIX_TEXT.search(text) is not None or any(
+                self._has_matrix(callee)
+                for match in _CALLED_TEXT.finditer(text)
+                for callee in _COMPUTATION_NAME.findall(match.group(1))
+            )
         return self._matrix[computation]
 
     def _is_matrix(self, instruction: Instruction) -> bool:
@@ -174,7 +180,7 @@ class Handoffs:
         starts = {i.operands[0]: i.name for i in instructions if i.opcode.endswith(ASYNC_ENDS) and i.operands}
         handoffs = set()
         for i in instructions:
-            if _base(i.opcode) not in _COLLECTIVES or i.opcode.endswith(ASYNC_ENDS):
+            if base_opcode(i.opcode) not in COLLECTIVE_OPS or i.opcode.endswith(ASYNC_ENDS):
                 continue
             result = i.name
             while result in starts:  # an async pair: the value arrives at its done

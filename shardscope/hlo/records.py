@@ -16,12 +16,14 @@ from typing import NamedTuple
 __all__ = [
     "CALL_ATTRIBUTES",
     "COLLECTIVE_LIKE",
+    "COLLECTIVE_OPS",
     "Call",
     "Computation",
     "Instruction",
     "Malformed",
     "Module",
     "Truncation",
+    "base_opcode",
     "matters",
 ]
 
@@ -33,6 +35,9 @@ CALL_ATTRIBUTES = frozenset(
 # Opcodes that move data between devices, or look as if they might (send, recv, a newer compiler's).
 COLLECTIVE_LIKE = re.compile(r"all-|reduce-scatter|collective-|ragged-|send|recv")
 ASYNC_ENDS = ("-done", "-update")
+# The collectives the reader counts (an async pair's halves named after them: `all-gather-start`, …).
+COLLECTIVE_OPS: tuple[str, ...] = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all")
+COLLECTIVE_OPS += ("collective-permute", "collective-broadcast")
 _COMPUTATION_NAMES = re.compile(r"%?([A-Za-z_][A-Za-z0-9_.\-]*)")
 
 
@@ -71,6 +76,11 @@ class Instruction:
             if key in CALL_ATTRIBUTES
             for name in _COMPUTATION_NAMES.findall(value)
         )
+
+
+def base_opcode(opcode: str) -> str:
+    """The op an async half does: `all-gather-start` → `all-gather`; any other opcode as it is."""
+    return opcode.rsplit("-", 1)[0] if opcode.endswith(("-start", *ASYNC_ENDS)) else opcode
 
 
 def matters(instruction: Instruction) -> bool:

@@ -11,9 +11,8 @@ from shardscope.case.rules import entry_axes, explain_logical
 from shardscope.case.topology import DCN_AXIS
 from shardscope.cost.memory import memory_need
 from shardscope.lint.context import LintContext, axes_text, rule_subject
-from shardscope.lint.tensor_checks import is_layer_stack_name
 from shardscope.plan.findings import Finding
-from shardscope.plan.records import CollectiveRow, TensorRecord, axes_label
+from shardscope.plan.records import CollectiveRow, TensorRecord, axes_label, is_stack_name
 from shardscope.plan.units import human_bytes
 
 EXPERT_NAME = "exp"
@@ -38,7 +37,7 @@ def _expert_weights(ctx: LintContext) -> Iterator[tuple[str, TensorRecord, int, 
         logical = tensor.logical or ()
         if EXPERT_NAME not in logical:
             continue
-        layer_dims = [d for d, name in enumerate(logical) if is_layer_stack_name(name)]
+        layer_dims = [d for d, name in enumerate(logical) if is_stack_name(name)]
         if len(layer_dims) != 1:
             continue
         expert_dim = logical.index(EXPERT_NAME)

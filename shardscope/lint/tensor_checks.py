@@ -204,11 +204,6 @@ def check_large_replicated(ctx: LintContext) -> Iterator[Finding]:
             )
 
 
-def is_layer_stack_name(name: str | None) -> bool:
-    """Whether a logical name stacks layers (`plan.records.is_stack_name`)."""
-    return is_stack_name(name)
-
-
 def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
     """`dcn-weight-in-loop`: with several slices, parameters of scanned layers sharded over `data`, one finding
     per logical name so sharded."""
@@ -216,7 +211,7 @@ def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
         return
     groups: dict[str, list[str]] = defaultdict(list)
     for path, tensor, logical in _named(ctx, ("param",)):
-        if not any(is_layer_stack_name(name) for name in logical):
+        if not any(is_stack_name(name) for name in logical):
             continue
         for dim, entry in enumerate(tensor.spec):
             if DCN_AXIS in entry_axes(entry):

@@ -129,8 +129,8 @@ class CaseRecord:
 
 
 # MaxText's routed experts keep their weights as parameters named `wi_0`, `wi_1` and `wo` themselves (a dense
-# MLP's are `…/wi_0/kernel`); their first dimension is the experts', whatever its logical name (`exp`, or
-# `embed_moe` under MaxText's `shard_exp_on_fsdp`).
+# MLP's are `…/wi_0/kernel`); their first dimension after any stack dimensions is the experts' (`expert_dim`),
+# whatever its logical name (`exp`, or `embed_moe` under MaxText's `shard_exp_on_fsdp`).
 ROUTED_EXPERT_LEAVES = ("wi_0", "wi_1", "wo")
 
 

@@ -14,12 +14,11 @@ import math
 
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow
+from shardscope.plan.records import Cause, CollectiveRow, is_stack_name
 from shardscope.predict.layout import (
     Weight,
     feature_dims,
     in_mesh_order,
-    is_stack_dim,
     layer_row,
     mesh_sizes,
 )
@@ -29,7 +28,7 @@ _REMAT_FORWARD = 1  # the recompute runs the forward sums once more
 
 def _full_size(weight: Weight, dims: tuple[int, ...]) -> int:
     """Features of `dims` as the layer sees them whole (the per-layer shape without stack dimensions)."""
-    shape = [s for s, n in zip(weight.record.shape, weight.record.logical or (), strict=False) if not is_stack_dim(n)]
+    shape = [s for s, n in zip(weight.record.shape, weight.record.logical or (), strict=False) if not is_stack_name(n)]
     if len(shape) != len(weight.layer_shape):
         shape = list(weight.layer_shape)
     return math.prod(shape[d] for d in dims)
@@ -37,7 +36,7 @@ def _full_size(weight: Weight, dims: tuple[int, ...]) -> int:
 
 def _split_axes(plan: Plan, weight: Weight, dims: tuple[int, ...]) -> tuple[str, ...]:
     """The kept axes (tensor-parallel) that split any of `dims`."""
-    spec = [e for e, n in zip(weight.record.spec, weight.record.logical or (), strict=False) if not is_stack_dim(n)]
+    spec = [e for e, n in zip(weight.record.spec, weight.record.logical or (), strict=False) if not is_stack_name(n)]
     found: set[str] = set()
     for d in dims:
         if d < len(spec):

@@ -48,11 +48,11 @@ class Weight:
     @property
     def stacked(self) -> bool:
         """Part of a layer stack (it has a layers dimension): what the scan runs, and the remat recomputes."""
-        return any(is_stack_dim(name) for name in self.record.logical or ())
+        return any(is_stack_name(name) for name in self.record.logical or ())
 
     @property
     def is_expert(self) -> bool:
-        """A MoE routed expert weight (its dimension 0 holds the experts)."""
+        """A MoE routed expert weight (`plan.records.is_routed_expert`)."""
         return is_routed_expert(self.path, self.record)
 
 
@@ -146,11 +146,6 @@ def in_mesh_order(plan: Plan, axes: set[str] | tuple[str, ...]) -> tuple[str, ..
     return tuple(axis for axis, size in plan.case.mesh if axis in axes and size > 1)
 
 
-def is_stack_dim(logical: str | None) -> bool:
-    """A dimension that stacks layers (`plan.records.is_stack_name`)."""
-    return is_stack_name(logical)
-
-
 def token_axes(plan: Plan) -> tuple[str, ...]:
     """The mesh axes the activations' batch and sequence dimensions are split on: the data- and
     context-parallel axes, over which each device computes a partial weight gradient that must be summed."""
@@ -189,7 +184,7 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
     per_dim = zip(logical, record.shape, record.spec, record.shard_shape, strict=False)
     for index, (name, size, entry, local) in enumerate(per_dim):
         axes = set(entry_axes(entry))
-        if is_stack_dim(name):
+        if is_stack_name(name):
             # A stage-sharded stack: each stage loops over its own layers only.
             stored = axes & zero1
             trips *= local * math.prod(dict(plan.case.mesh).get(a, 1) for a in stored) if axes else size
@@ -206,7 +201,7 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
         layer_shape = list(placed.shard_shape)
     elif -1 in layer_shape:
         sizes = dict(plan.case.mesh)
-        dims = [d for d, name in enumerate(logical) if not is_stack_dim(name)]
+        dims = [d for d, name in enumerate(logical) if not is_stack_name(name)]
         layer_shape = [
             -(-record.shape[d] // math.prod(sizes[a] for a in entry_axes(record.spec[d]) if a in kept)) for d in dims
         ]
@@ -249,7 +244,7 @@ def pipeline_trips(layers: int, stack: set[str], case: Case | None, sizes: dict[
 def feature_dims(weight: Weight) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(input, output) dimension indexes of the per-layer weight: an output projection (its last dimension
     is the model's embedding) contracts every other dimension; any other contracts its first."""
-    logical = [n for n in (weight.record.logical or (None,) * len(weight.record.shape)) if not is_stack_dim(n)]
+    logical = [n for n in (weight.record.logical or (None,) * len(weight.record.shape)) if not is_stack_name(n)]
     dims = tuple(range(len(weight.layer_shape)))
     last = logical[-1] if logical else None
     if last is not None and "embed" in last and len(dims) > 1:

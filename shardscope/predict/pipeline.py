@@ -23,8 +23,8 @@ import math
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow
-from shardscope.predict.layout import Weight, collective_row, in_mesh_order, is_stack_dim, mesh_sizes, zero1_axes
+from shardscope.plan.records import Cause, CollectiveRow, is_stack_name
+from shardscope.predict.layout import Weight, collective_row, in_mesh_order, mesh_sizes, zero1_axes
 
 EXPLICIT = "explicit"  # a plan's axis_types when its mesh axes are Explicit
 
@@ -94,7 +94,7 @@ def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int], once: tuple[
     rows: list[CollectiveRow] = []
     cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/pipeline_edge", line=None, rules=())
     for dim in reversed(range(len(shape))):
-        if is_stack_dim(logical[dim]):
+        if is_stack_name(logical[dim]):
             continue
         axes = in_mesh_order(plan, set(entry_axes(record.spec[dim])) - set(once))
         if not axes:

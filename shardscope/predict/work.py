@@ -32,13 +32,13 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.hlo.profile import WorkBin, causal_block_fraction
 from shardscope.plan.document import Plan
+from shardscope.plan.records import is_stack_name
 from shardscope.predict.layout import (
     Placement,
     Weight,
     capacity,
     dense_dispatch,
     feature_dims,
-    is_stack_dim,
     mesh_sizes,
     nbytes,
     placement_of,
@@ -345,4 +345,4 @@ def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -
 def _is_vector(weight: Weight) -> bool:
     """A scale or bias (one non-stack dimension): elementwise work, not a matmul."""
     logical = weight.record.logical or (None,) * len(weight.record.shape)
-    return sum(1 for name in logical if not is_stack_dim(name)) < 2
+    return sum(1 for name in logical if not is_stack_name(name)) < 2
