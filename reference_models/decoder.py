@@ -242,11 +242,8 @@ class Decoder(nn.Module):
             remat = PipelineRemat(layer=layer_policy, schedule=pipeline_remat_policy(cfg.remat, cfg.remat_custom))
         gather_once = context.pipeline is not None and context.pipeline.fsdp_gather_once
         specs = _stored_specs(cfg, stack, x, context) if gather_once else None
-        with path_prefix(prefix):
-            params = self.variables["params"]["pipeline_module"]["layers"]
-            return run_pipeline(
-                apply_layer, layout.layers_of, params, x, context, context.resolve(RESIDUAL), remat, specs
-            )
+        params = self.variables["params"]["pipeline_module"]["layers"]
+        return run_pipeline(apply_layer, layout.layers_of, params, x, context, prefix[:-1], remat, specs)
 
 
 class Transformer(nn.Module):

@@ -1,23 +1,24 @@
-"""Pipeline parallelism over a `stage` mesh axis: a shard_map over that axis and ppermute.
+"""Pipeline parallelism over a `stage` mesh axis, with MaxText's loop state (`layers/pipeline.py`).
 
 The pipelined stack's parameters are laid out as MaxText lays them out (`decoder.PipelineLayout`): every
 leaf is [repeats, stages, …] with the stages dimension sharded over the stage axis, so stage s holds, for
-each visit r, the parameters [r, s] of the layers it runs then. The batch is split into microbatches. The
-whole schedule runs inside a shard_map that makes only the stage axis manual: every other mesh axis keeps
-its meaning (Explicit axes stay part of the array types), so FSDP and the MoE's own shard_map over the
-remaining axes work inside a stage as they do without a pipeline.
+each visit r, the parameters [r, s] of the layers it runs then. The batch is split into contiguous
+microbatches, which enter MaxText's loop state (`_Schedule`, `LoopBuffers`: `state_io`, `shift` and, for a
+circular schedule of more microbatches than stages, `circ_storage`), each buffer with a leading stage
+dimension split over the stage axis and recorded with MaxText's logical axes. The iterations run inside a
+shard_map that makes only the stage axis manual: every other mesh axis keeps its meaning (Explicit axes stay
+part of the array types), so FSDP and the MoE's own shard_map over the remaining axes work inside a stage as
+they do without a pipeline. (MaxText runs its stages as a vmap over that dimension instead, which the
+partitioner splits over the stage axis the same way; the loop state and its rotations are the same.)
 
-Schedule: at each step every stage runs its layers of the current visit on what it holds, then a ppermute
-(a collective-permute over `stage`) rotates each stage's output to the next stage. Stage 0 takes a fresh
-microbatch instead of what it receives. With one visit per stage (GPipe) a stage runs all its layers at
-each of `microbatches + stages - 1` steps. A circular schedule (MaxText's default: `repeats` visits of
-`layers / (stages · repeats)` layers each, one layer per visit unless MaxText's
-`num_layers_per_pipeline_stage` says otherwise) takes `microbatches · repeats + stages - 1` steps: what
-stage 0 receives from the last stage waits in a buffer until that microbatch's next visit, and the bubble
-shrinks to `stages - 1` steps of one visit. Stage s's visit r runs parameters [r, s], so the layers run in
-the order MaxText numbers them: [r, s] (its `layers_j`) is layer (r · stages + s) · per_visit + j (tested
-against the single-device step over the layers in that order). Stages idle in the bubble compute on values
-whose results are never used.
+Schedule: `microbatches · repeats + stages - 1` iterations; at each, every stage runs its layers of the
+current visit on its input, then each buffer moves one stage along (a ppermute, a collective-permute over
+`stage`). With one visit per stage (GPipe) a stage runs all its layers at each iteration; a circular schedule
+(MaxText's default: `repeats` visits of `layers / (stages · repeats)` layers each, one layer per visit unless
+MaxText's `num_layers_per_pipeline_stage` says otherwise) has the bubble shrink to `stages - 1` iterations of
+one visit. Stage s's visit r runs parameters [r, s], so the layers run in the order MaxText numbers them:
+[r, s] (its `layers_j`) is layer (r · stages + s) · per_visit + j (tested against the single-device step
+over the layers in that order). Stages idle in the bubble compute on values whose results are never used.
 
 Remat, as MaxText's pipeline does it: each layer is rematerialised under the model's policy and the
 schedule around the layers keeps each layer's input (`decoder_layer_input`, offloaded to host memory when
@@ -27,29 +28,29 @@ schedule transposed.
 What JAX 0.10 imposes:
 - Varying-axis checks (`check_vma`) are off for this shard_map: with them on, the residuals the nested
   MoE shard_map saves for its backward pass are given a sharding over the already-manual stage axis too,
-  which the partitioner rejects ("manual axes must come before free axes"). Without them every
-  collective transposes as written, so the result leaves per stage ([stages, ...] over `stage`) and is
-  summed outside (only the last stage's is non-zero): one all-reduce over `stage`.
+  which the partitioner rejects ("manual axes must come before free axes").
 - The schedule is rematerialised as a whole, so the residuals that cross the shard_map boundary are only
   the layer inputs it keeps.
 - With Explicit mesh axes, a shard_map manual over only some axes is lowered with the other axes'
-  dimensions closed and replicated, so what enters it (the stage's parameters, the microbatches) is
+  dimensions closed and replicated, so what enters it (the stage's parameters, the loop state) is
   all-gathered over fsdp/expert once per step at the boundary and sliced again inside. With Auto axes
   those dimensions stay open and nothing is gathered there.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from reference_models.sharding import ShardingContext, ambient_mesh, entry_axes, place
+from reference_models.sharding import ShardingContext, ambient_mesh, constrain_as, entry_axes, place
 
 # Applies one layer: (that layer's params, hidden [batch, seq, embed], its index within a visit) -> hidden.
 LayerFn = Callable[[Any, jax.Array, int], jax.Array]
@@ -71,7 +72,7 @@ def run_pipeline(
     params: Any,
     x: jax.Array,
     context: ShardingContext,
-    batch_spec: PartitionSpec,
+    path: tuple[str, ...],
     remat: PipelineRemat | None = None,
     stored_specs: Any = None,
 ) -> jax.Array:
@@ -84,8 +85,7 @@ def run_pipeline(
         one repeat), the stages dimension sharded over the stage axis.
       x: the stack's input [batch, seq, embed].
       context: the active sharding context (its `pipeline` settings are used).
-      batch_spec: the sharding of [batch, seq, embed] inside a stage (the residual stream's); it must not
-        use the stage axis.
+      path: the pipeline module's path, which its loop state (`state_io`, `shift`) is recorded under.
       remat: how the backward pass recomputes (None: the layers keep everything, the schedule nothing).
       stored_specs: each parameter's sharding as the rules place it (as `params`), needed when the settings
         gather the weights over fsdp once (`fsdp_gather_once`).
@@ -103,21 +103,12 @@ def run_pipeline(
     leaf = jax.tree.leaves(params)[0]
     if leaf.shape[stage_dim] != stages or (repeats > 1 and leaf.shape[0] != repeats):
         raise ValueError(f"parameters of shape {leaf.shape} are not laid out for {stages} stages × {repeats} repeats")
-    if repeats > 1 and count < stages:
-        raise ValueError(f"a circular pipeline needs at least as many microbatches ({count}) as stages ({stages})")
+    if count % stages:
+        raise ValueError(f"{count} microbatches do not split over {stages} pipeline stages")
     if x.shape[0] % count:
         raise ValueError(f"a batch of {x.shape[0]} does not split into {count} microbatches")
-    if any(axis in entry_axes(entry) for entry in batch_spec):
-        raise ValueError(f"the activations inside a pipeline stage must not be sharded over {axis!r}: {batch_spec}")
-    micro = _to_microbatches(context, x, count, batch_spec)
-    # The microbatches enter every stage whole, so their gradient is summed over the stage axis; JAX writes
-    # that sum's reducer with a sharding constraint in it, which XLA's CPU compiler cannot widen from 16-bit
-    # floats (it aborts the process: "Invalid binary instruction opcode copy" in AllReducePromotion). On CPU
-    # the microbatches cross the stage boundary in float32; the values are the same (the CPU route prices
-    # that sum in the 16-bit type it holds), and the TPU program is untouched.
-    inner_dtype = micro.dtype
-    if context.platform == "cpu" and jnp.dtype(inner_dtype).itemsize < 4 and jnp.issubdtype(inner_dtype, jnp.floating):
-        micro = micro.astype(jnp.float32)
+    plan = _Schedule(axis, stages, count, repeats)
+    loop = plan.start(context, path, x)
 
     def chosen_layer(blocks, visit, index, hidden):
         # A circular schedule's step runs visit `visit` of the stage's blocks (see `_circular`); its layer
@@ -147,58 +138,19 @@ def run_pipeline(
 
     per_visit = len(layers_of(jax.tree.map(lambda _: None, params)))  # (read from the tree's structure)
 
-    def schedule(params, micro):
-        # This stage's parameters: [repeats, …] blocks (block r: what it runs on visit r), or one block.
+    def schedule(params, loop):
+        # This stage's parameters: [repeats, …] blocks (block r: what it runs on visit r), or one block; and
+        # its slice of every loop-state buffer (their stage dimension dropped).
         params = jax.tree.map(lambda p: jnp.squeeze(p, stage_dim), params)
-        micro = micro.astype(inner_dtype)
+        loop = jax.tree.map(lambda b: jnp.squeeze(b, 0), loop)
         stage = jax.lax.axis_index(axis)
-        first, last = stage == 0, stage == stages - 1
-        rotation = [(s, (s + 1) % stages) for s in range(stages)]
 
-        def iteration(carry, step, blocks, visit=None):
-            """One step of the schedule: every stage runs its layers of this visit (see `stage_layers`)."""
-            state, outputs, *waiting = carry
-            if repeats > 1:
-                # What stage 0 receives is the last stage's output of the step before; it waits here until
-                # its microbatch comes round for its next visit (at least `stages` steps later). Scalar
-                # selects: a predicate broadcast to a buffer's shape would be kept for every step.
-                came, index = step - stages, (step - stage) % count
-                kept = waiting[0][came % count]
-                waiting = [waiting[0].at[came % count].set(jax.lax.select(first & (came >= 0), state, kept))]
-                entering = jax.lax.select(step - stage < count, micro[index], waiting[0][index])
-            else:
-                entering = micro[jnp.minimum(step, count - 1)]
-            hidden = jnp.where(first, entering, state)
-            out = stage_layers(blocks, visit, hidden)
-            # The last stage's output of a microbatch's last visit is the pipeline's result for it.
-            finished = step - (stages - 1) - count * (repeats - 1)
-            slot = jnp.clip(finished, 0, count - 1)
-            outputs = outputs.at[slot].set(jnp.where(last & (finished >= 0), out, outputs[slot]))
-            # Stage s hands its output to stage s + 1 (the last stage's goes round to stage 0).
-            return (jax.lax.ppermute(out, axis, rotation), outputs, *waiting)
+        def one_step(carry, step):
+            visit = None if repeats == 1 else jnp.clip((step - stage) // count, 0, repeats - 1)
+            return plan.advance(carry, step, stage, lambda hidden: stage_layers(params, visit, hidden)), None
 
-        # A circular schedule keeps the microbatches between visits (stage 0's); one visit needs no store.
-        waiting = [jnp.zeros_like(micro)] if repeats > 1 else []
-        carry = (jnp.zeros_like(micro[0]), jnp.zeros_like(micro), *waiting)
-        if repeats == 1:
-            steps = jnp.arange(count + stages - 1)
-            carry, _ = jax.lax.scan(lambda c, step: (iteration(c, step, params), None), carry, steps)
-        else:
-            carry = _circular(iteration, carry, params, stage)
-        return carry[1][None]
-
-    def _circular(iteration, carry, blocks, stage):
-        """The circular schedule's `count · repeats + stages - 1` steps, as MaxText's pipeline runs them
-        (`get_current_repeat_from_stages`, with Auto and with Explicit mesh axes): each step picks its
-        visit's block out of all of the stage's layers at a traced index, so the gradient of the stage's
-        layers gathers in one buffer of all of them (with Explicit axes, see `_pick_visit` for what more
-        that costs)."""
-
-        def one_step(c, step):
-            return iteration(c, step, blocks, jnp.clip((step - stage) // count, 0, repeats - 1)), None
-
-        carry, _ = jax.lax.scan(one_step, carry, jnp.arange(count * repeats + stages - 1))
-        return carry
+        loop, _ = jax.lax.scan(one_step, loop, jnp.arange(count * repeats + stages - 1))
+        return loop.state_io[None]
 
     # Which parameters are stored split over other axes than the stage axis: with Explicit axes they are
     # gathered at the boundary (and with `fsdp_gather_once` before it), and their gradient is the buffer of
@@ -215,19 +167,140 @@ def run_pipeline(
 
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves
     # for the backward pass get sharded over the already-manual stage axis as well, which the partitioner
-    # rejects. Without them every collective transposes as written, so the result leaves per stage
-    # ([stages, ...] over the stage axis) rather than as one replicated value.
+    # rejects.
     run = jax.shard_map(
         jax.checkpoint(schedule, policy=None if remat is None else remat.schedule),
         mesh=ambient_mesh(context),
-        in_specs=(jax.tree.map(lambda _: PartitionSpec(*(None,) * stage_dim, axis), params), PartitionSpec()),
+        in_specs=(jax.tree.map(lambda _: PartitionSpec(*(None,) * stage_dim, axis), params), PartitionSpec(axis)),
         out_specs=PartitionSpec(axis),
         axis_names={axis},
         check_vma=False,
     )
-    # Only the last stage's outputs are non-zero: the sum over stages is an all-reduce over `stage`.
-    outputs = jnp.sum(run(params, micro), axis=0)
-    return _from_microbatches(context, outputs, batch_spec)
+    return plan.finish(context, run(params, loop))
+
+
+class LoopBuffers(NamedTuple):
+    """MaxText's pipeline loop state (its `init_states`), each buffer with a leading stage dimension split
+    over the stage axis: what every stage holds between two iterations."""
+
+    state_io: jax.Array  # [stages, microbatches / stages, micro, seq, embed]: inputs in, outputs out
+    shift: jax.Array  # [stages, micro, seq, embed]: each stage's output, on its way to the next stage
+    circ_storage: jax.Array | None  # [stages, microbatches, micro, seq, embed]: outputs waiting for their next visit
+    circ_mover: jax.Array | None  # [stages, micro, seq, embed]: the last output, stored one iteration later
+
+
+# MaxText's logical axes of the loop state: `shift` (and each iteration's stage inputs), `state_io`, and the
+# microbatched input and the output with Explicit axes.
+STAGES_IN = ("activation_stage", "activation_batch", "activation_length", "activation_embed")
+STATE_IO = ("activation_stage", None, "activation_batch", "activation_length", "activation_embed")
+_MICROBATCHES = (None, "activation_batch", "activation_length", "activation_embed")
+_OUTPUT = ("activation_batch", "activation_length", "activation_embed")
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """MaxText's pipeline schedule (`layers/pipeline.py`) over `stages` stages: `microbatches · repeats +
+    stages - 1` iterations, in each of which every stage runs its layers of the current visit on its input.
+
+    The microbatches sit in `state_io`, `microbatches / stages` to a stage, and move through it like a
+    conveyor: at iteration i every stage hands its slot i mod (microbatches / stages) to the stage before it,
+    stage 0's slot feeds the first stage, and the last stage puts its output in the slot it gave up. Stage s's
+    output goes to stage s + 1 through `shift`. In a circular schedule what the last stage sends round waits
+    in `circ_storage` for its microbatch's next visit (when there are more microbatches than stages; else
+    `shift` carries it straight to stage 0). After the last iteration `state_io` holds the outputs, rotated by
+    the bubble."""
+
+    axis: str
+    stages: int
+    microbatches: int
+    repeats: int
+
+    @property
+    def per_stage(self) -> int:
+        return self.microbatches // self.stages
+
+    @property
+    def stores_outputs(self) -> bool:
+        """Whether outputs wait in `circ_storage` between visits (MaxText's `use_circ_storage`)."""
+        return self.repeats > 1 and self.microbatches > self.stages
+
+    def start(self, context: ShardingContext, path: tuple[str, ...], x: jax.Array) -> LoopBuffers:
+        """The loop state before the first iteration, from the stack's input [batch, seq, embed]; `state_io`
+        and `shift` are recorded under `path` with MaxText's logical axes."""
+        micro = x.shape[0] // self.microbatches
+        on_stages = functools.partial(_on_stage_axis, self.axis)
+        inside = context.resolve(STAGES_IN)[1:]
+        if any(self.axis in entry_axes(entry) for entry in inside):
+            raise ValueError(f"activations inside a pipeline stage must not be split over {self.axis!r}: {inside}")
+        # Contiguous microbatches, as MaxText splits the batch (rows m·micro … (m + 1)·micro - 1).
+        x = _reshape_as(context, x, (self.microbatches, micro, *x.shape[1:]), _MICROBATCHES)
+        state_io = _reshape_as(context, x, (self.stages, self.per_stage, *x.shape[1:]), STATE_IO, on_stages)
+        state_io = constrain_as(path, "state_io", state_io, STATE_IO, on_stages)
+        shift = constrain_as(path, "shift", jnp.zeros((self.stages, *x.shape[1:]), x.dtype), STAGES_IN, on_stages)
+        if not self.stores_outputs:
+            return LoopBuffers(state_io, shift, None, None)
+        stored = jnp.zeros((self.stages, *x.shape), x.dtype)
+        stored = place(context, stored, on_stages(context.resolve(STATE_IO)))
+        return LoopBuffers(state_io, shift, stored, shift)
+
+    def advance(
+        self, loop: LoopBuffers, step: jax.Array, stage: jax.Array, run: Callable[[jax.Array], jax.Array]
+    ) -> LoopBuffers:
+        """One iteration on one stage's slice of the loop state (inside the shard_map over the stage axis):
+        `run` applies the stage's layers of this visit."""
+        first, last = stage == 0, stage == self.stages - 1
+        right = [(s, (s + 1) % self.stages) for s in range(self.stages)]
+        left = [(s, (s - 1) % self.stages) for s in range(self.stages)]
+        slot = step % self.per_stage
+        stream = loop.state_io[slot]
+        # Stage 0 takes a fresh microbatch while there are any, then one coming round for its next visit.
+        # Scalar selects: a predicate broadcast to a buffer's shape would be kept for every step.
+        came_round = loop.shift if loop.circ_storage is None else loop.circ_storage[step % self.microbatches]
+        hidden = jax.lax.select(first, jax.lax.select(step < self.microbatches, stream, came_round), loop.shift)
+        out = run(checkpoint_name(hidden, "iteration_input"))
+        sent = jax.lax.ppermute(out, self.axis, right)
+        # The last stage's output goes round to stage 0 only when it is needed there at once.
+        goes_round = self.repeats > 1 and not self.stores_outputs
+        shift = sent if goes_round else jax.lax.select(first, jnp.zeros_like(sent), sent)
+        stored, mover = loop.circ_storage, loop.circ_mover
+        if stored is not None and mover is not None:
+            # Last iteration's output goes into storage now (MaxText's one-iteration delay), at the slot of
+            # its microbatch.
+            slot_of = (step - self.stages) % self.microbatches
+            stored = jax.lax.dynamic_update_index_in_dim(stored, jax.lax.ppermute(mover, self.axis, right), slot_of, 0)
+            mover = out
+        handed = jax.lax.select(last, out, jax.lax.ppermute(stream, self.axis, left))
+        return LoopBuffers(jax.lax.dynamic_update_index_in_dim(loop.state_io, handed, slot, 0), shift, stored, mover)
+
+    def finish(self, context: ShardingContext, state_io: jax.Array) -> jax.Array:
+        """The stack's output [batch, seq, embed] from the last `state_io`, the bubble's rotation undone."""
+        first = (self.microbatches * (self.repeats - 1) + self.stages - 1) % self.per_stage
+        outputs = state_io[:, (np.arange(self.per_stage) + first) % self.per_stage]
+        batch = self.microbatches * outputs.shape[2]
+        return _reshape_as(context, outputs, (batch, *outputs.shape[3:]), _OUTPUT)
+
+
+def _on_stage_axis(axis: str, spec: PartitionSpec) -> PartitionSpec:
+    """`spec` with its first dimension on the stage axis (the loop state is split over it, whatever the rules
+    say of `activation_stage`)."""
+    entries = tuple(spec)
+    if entries and axis in entry_axes(entries[0]):
+        return spec
+    return PartitionSpec(axis, *entries[1:])
+
+
+def _reshape_as(
+    context: ShardingContext,
+    x: jax.Array,
+    shape: tuple[int, ...],
+    logical: tuple[str | None, ...],
+    adjust: Callable[[PartitionSpec], PartitionSpec] = lambda spec: spec,
+) -> jax.Array:
+    """A reshape as MaxText's pipeline makes it: with Explicit axes onto the sharding of `logical`; with Auto
+    axes unconstrained."""
+    if not context.explicit:
+        return x.reshape(shape)
+    return jax.lax.reshape(x, shape, out_sharding=adjust(context.resolve(logical)))
 
 
 def _without_axes(spec: PartitionSpec, axes: tuple[str, ...]) -> PartitionSpec:
@@ -272,26 +345,3 @@ def _pick_visit_backward(residuals: tuple[jax.Array, jax.Array], grad: jax.Array
 
 
 _pick_visit.defvjp(_pick_visit_forward, _pick_visit_backward)
-
-
-def _to_microbatches(context: ShardingContext, x: jax.Array, count: int, batch_spec: PartitionSpec) -> jax.Array:
-    """[batch, ...] → [count, batch / count, ...]; microbatch m holds rows m, m + count, m + 2·count, ….
-
-    Strided rows keep every device's rows on that device (a local reshape, no communication).
-    """
-    entries = tuple(batch_spec) + (None,) * (x.ndim - len(batch_spec))
-    spec = PartitionSpec(entries[0], None, *entries[1:])
-    strided = _reshape(context, x, (x.shape[0] // count, count, *x.shape[1:]), spec)
-    return jnp.moveaxis(strided, 1, 0)
-
-
-def _from_microbatches(context: ShardingContext, micro: jax.Array, batch_spec: PartitionSpec) -> jax.Array:
-    count, size = micro.shape[:2]
-    return _reshape(context, jnp.moveaxis(micro, 0, 1), (count * size, *micro.shape[2:]), batch_spec)
-
-
-def _reshape(context: ShardingContext, x: jax.Array, shape: tuple[int, ...], spec: PartitionSpec) -> jax.Array:
-    """Reshape onto `spec`; explicit axes need the result's sharding given to the reshape itself."""
-    if context.explicit:
-        return jax.lax.reshape(x, shape, out_sharding=spec)
-    return place(context, x.reshape(shape), spec)

@@ -157,6 +157,21 @@ def constrain(module_path: Sequence[str], name: str, x: jax.Array, logical: Sequ
     return _record_and_place(context, module_path, name, x, tuple(logical), context.resolve(logical))
 
 
+def constrain_as(
+    module_path: Sequence[str],
+    name: str,
+    x: jax.Array,
+    logical: Sequence[str | None],
+    adjust: Callable[[jax.sharding.PartitionSpec], jax.sharding.PartitionSpec],
+) -> jax.Array:
+    """`constrain`, with the rules' spec passed through `adjust` first (a pipeline's loop state is split over
+    its stage axis whatever the rules say of `activation_stage`); the spec placed is the one recorded."""
+    context = _CURRENT.get()
+    if context is None:
+        return x
+    return _record_and_place(context, module_path, name, x, tuple(logical), adjust(context.resolve(logical)))
+
+
 def constrain_physical(
     module_path: Sequence[str], name: str, x: jax.Array, spec: jax.sharding.PartitionSpec
 ) -> jax.Array:

@@ -89,15 +89,21 @@ def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microba
         if path.startswith("params/decoder/dense_layers/"):
             assert tensor.logical is not None and tensor.logical[1] == "dense_layers", path
             assert tensor.spec[1] is None, path
-    # One visit per stage: the stage-to-stage rotation runs once per step, microbatches + stages - 1 times, in
-    # the forward loop and in the backward pass, which runs it transposed (the schedule keeps each layer's
-    # input, so its forward loop is not run again first).
+    # One visit per stage, MaxText's loop state: at each of microbatches + stages - 1 iterations `shift` carries
+    # each stage's output to the next and `state_io` hands each stage's slot of microbatches to the one before
+    # (two rotations over `stage`, by one place, the next iteration waiting for the first only); the backward
+    # pass runs both transposed (the schedule keeps each layer's input, so its forward loop is not run again).
     permutes = [r for r in plan.collectives if r.op == "collective-permute" and r.axes == ("stage",)]
     trips = microbatches + stages - 1
-    assert {(r.pass_, r.loop_trips, r.count) for r in permutes} == {("forward", trips, 1), ("backward", trips, 1)}
-    assert all(r.shift == 1 for r in permutes)
-    # The pipeline's result reaches every stage with one all-reduce over `stage`.
-    assert any(r.op == "all-reduce" and r.axes == ("stage",) and r.pass_ == "forward" for r in plan.collectives)
+    runs = {p: sum(r.count * r.loop_trips for r in permutes if r.pass_ == p) for p in ("forward", "backward")}
+    assert runs == {"forward": 2 * trips, "backward": 2 * trips}
+    assert all(r.shift == 1 and r.loop_trips == trips for r in permutes)
+    assert [r.handoff for r in permutes if r.pass_ == "forward"].count(True) == 1
+    # The outputs leave the loop state split over the stages and are gathered over `stage` (with Explicit axes
+    # the batch after the pipeline is not split over it): no sum over the stages.
+    stage_rows = [r for r in plan.collectives if r.axes == ("stage",) and r.source.startswith("decoder")]
+    assert any(r.op == "all-gather" and r.pass_ == "forward" for r in stage_rows)
+    assert not any(r.op == "all-reduce" and r.pass_ == "forward" for r in stage_rows)
 
 
 @pytest.mark.parametrize("mode", ["explicit", "auto"])
@@ -109,12 +115,13 @@ def test_a_circular_pipeline_rotates_once_per_step_of_its_longer_schedule(model,
     stages, microbatches, repeats = dict(plan.case.mesh)["stage"], 2, 2
     permutes = [r for r in plan.collectives if r.op == "collective-permute" and r.axes == ("stage",)]
     assert stages == 2
-    # microbatches · repeats + stages - 1 steps, each ending in a rotation, and the backward pass runs each
-    # transposed: every step is one loop (each picks its visit's weights at a traced index, with Auto axes as
-    # with Explicit ones), whose last rotation stays.
+    # microbatches · repeats + stages - 1 steps, each ending in the loop state's two rotations (as many
+    # microbatches as stages: `shift` takes the last stage's output straight round to stage 0, no circular
+    # storage), and the backward pass runs each transposed: every step is one loop (each picks its visit's
+    # weights at a traced index, with Auto axes as with Explicit ones).
     steps = microbatches * repeats + stages - 1
     runs = {p: sum(r.count * r.loop_trips for r in permutes if r.pass_ == p) for p in ("forward", "backward")}
-    assert runs == {"forward": steps, "backward": steps}
+    assert runs == {"forward": 2 * steps, "backward": 2 * steps}
 
 
 def test_shard_shape_and_bytes_follow_the_spec(tiny_plans):

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from shardscope import load_plan
 from shardscope.hlo.collectives import parse_collectives
 from shardscope.hlo.handoffs import Handoffs
 from shardscope.hlo.module import read_module
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "benchmarks" / "maxtext_programs"
+# shardscope's own TPU-route plans of the same command lines.
+PLANS = PROGRAMS.parent / "plans"
 
 # A loop whose state is (counter, activations, weights, accumulator). `{send}` is the body's use of the
 # stage hand-off; the other collectives are each of a kind that must not be one.
@@ -100,3 +103,18 @@ def test_maxtexts_pipeline_programs_hand_off_once_per_forward_step(run):
     assert handoffs == [("collective-permute", "forward", 129, 1)]
     permutes = sum(r.count for r in parsed.collectives if r.op == "collective-permute" and r.loop_trips == 129)
     assert permutes == 6
+
+
+@pytest.mark.parametrize("run", sorted(p.name for p in PROGRAMS.glob("*.hlo.txt.gz")))
+def test_our_seed_003_plans_rotate_the_loop_state_as_maxtexts_programs_do(run):
+    """shardscope's pipeline keeps MaxText's loop state, so its TPU compile of the same command line moves
+    it as MaxText's own program does: per iteration, how many sends of how many bytes in each pass, and
+    which of them the next iteration waits for."""
+    theirs = parse_collectives(gzip.decompress((PROGRAMS / run).read_bytes())).collectives
+    ours = load_plan(PLANS / f"{run.removesuffix('.hlo.txt.gz')}.tpu.json").collectives
+
+    def sends(rows):
+        permutes = [r for r in rows if r.op == "collective-permute" and r.loop_trips == 129]
+        return sorted((r.pass_, r.count, r.bytes, r.handoff) for r in permutes)
+
+    assert sends(ours) == sends(theirs) and len(sends(ours)) >= 3

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import PRESETS, TINY_MODELS
 from reference_models.decoder import Transformer, layer_stacks, pipeline_layout
+from shardscope.case import resolve_case
 from shardscope.stages.train_step import make_optimizer, make_train_step
 
 # float32 everywhere; sharded reductions sum in a different order, nothing more.
@@ -173,6 +174,28 @@ def test_circular_pipeline_equals_single_device_in_its_layer_order(model, overri
     assert layout is not None and layout.repeats == 2
     # Parameters [r, s] hold layer r · stages + s (MaxText's numbering), which is the order the schedule runs
     # them in: the single-device step over the layers in their stacked order, relabelled into that layout.
+    assert_same_step(step, state, batch, reference)
+
+
+# Four microbatches over two stages (of 4 devices, so that a microbatch of 2 sequences still splits): each
+# stage's share of the inputs, and then of the outputs, moves through the loop state two at a time; in a
+# circular schedule what the last stage sends round waits in the circular storage for its next visit.
+MICROBATCH_CASES = [
+    (model, repeats, mode)
+    for model, repeats in (("llama-tiny", "1"), ("deepseek-tiny", "1"), ("llama-tiny", "2"), ("mixtral-tiny", "2"))
+    for mode in ("explicit", "auto")
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "repeats", "mode"), MICROBATCH_CASES, ids=["-".join(case) for case in MICROBATCH_CASES]
+)
+def test_pipeline_of_more_microbatches_than_stages(model, repeats, mode, compile_cached, references):
+    state, batch, reference = references(model)
+    mesh = {"data": 1, "stage": 2, "fsdp": 2, "expert": 1}
+    settings = {"pipeline.microbatches": "4", "pipeline.repeats": repeats, "shard_mode": mode}
+    step = compile_cached(resolve_case(model, "explicit-pipeline", "cpu-4", mesh, settings))
+    assert step.case.preset.pipeline is not None and step.case.preset.pipeline.microbatches == 4
     assert_same_step(step, state, batch, reference)
 
 

@@ -1,24 +1,23 @@
-"""A pipeline's collectives (`reference_models/pipeline.py`): sends between stages, and what crosses its edge.
+"""A pipeline's collectives (`reference_models/pipeline.py`): its loop state's rotations, and what crosses its edge.
 
-Inside: each microbatch's residual stream goes from one stage to the next once per iteration, and its
-gradient back in the backward pass (a collective-permute over the stage axes each way per iteration); the
-forward one is a hand-off (nothing hides it), the backward one overlaps the step's recomputed forward pass.
+Inside, at every iteration, each of the loop state's buffers moves one stage along (a collective-permute of
+a microbatch's residual stream over the stage axes): `shift` carries each stage's output to the next, which
+waits for it (a hand-off); `state_io` hands each stage's slot of inputs and outputs to the stage before it;
+in a circular schedule that stores outputs between visits, the last output goes round to stage 0's store.
+The backward pass runs each of them transposed, overlapped with the recomputed forward pass.
 
-At its edge, once per step: outside the pipeline the batch is split over the stage axes too, so the stack's
-input is gathered over them on the way in; every stage returns its outputs and only the last stage's are not
-zero, so the outputs are summed over the stages (an all-reduce), and so are their gradients on the way back.
-
-With Explicit mesh axes the pipeline's shard_map closes every other axis: what enters it, each stage's
-weights and the microbatches (with the buffers the remat keeps of them: the outputs of every saved step), is
-gathered whole over those axes once per step in each pass (the microbatches in a CPU program only),
-besides the gathers each layer makes inside;
-and the logits' gradient, split over the stages outside, is gathered over them to meet the replicated
-output. With Auto axes those dimensions stay open and none of this moves.
+At its edge, with Auto mesh axes nothing moves: the loop state is split over the stages and the batch as
+the activations around the pipeline are. With Explicit ones the pipeline's shard_map closes every other
+axis: the microbatches are gathered over the stages on the way in and the outputs on the way out (and their
+gradients so in the backward pass), each stage's weights and (in a CPU program) the loop state are gathered
+whole over the closed axes once per step in each pass, besides the gathers each layer makes inside; and the
+logits' gradient, split over the stages outside, is gathered over them to meet the output.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
@@ -42,45 +41,59 @@ def pipeline_collectives(
     sizes = mesh_sizes(plan)
     dtype = model.dtype
     module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
-    send = Cause(tensors=(), consumer=f"{module}/pipeline", line=None, rules=())
     micro = (micro_tokens, model.embed_dim)
-    # The forward send is a hand-off: the next step's layers all wait for it. The backward send overlaps the
-    # recomputed forward pass of the step it arrives in, which does not need it.
-    rows = [
-        collective_row(
-            "collective-permute", stages, micro, dtype, p, module, send, trips=staged.loop_trips, shift=1, handoff=h
-        )
-        for p, h in (("forward", True), ("backward", False))
-    ]
-    # A device's tokens with the stage split undone: what the edge gathers and the output sum adds.
-    edge = (tokens * math.prod(sizes[a] for a in stages), model.embed_dim)
-    cause = Cause(tensors=(), consumer=f"{module}/pipeline_edge", line=None, rules=())
-    explicit = plan.case.axis_types == EXPLICIT
-    # With Explicit axes the outputs leave the shard_map whole over the closed axes, and are summed so.
-    outputs = (case.global_batch * model.seq_len, model.embed_dim) if explicit else edge
-    rows += [
-        collective_row("all-gather", stages, edge, dtype, "forward", module, cause),
-        collective_row("all-reduce", stages, outputs, dtype, "forward", module, cause),
-        collective_row("all-reduce", stages, edge, dtype, "backward", module, cause),
-    ]
-    if not explicit:
+    size = math.prod(sizes[a] for a in stages)
+    # (buffer, the shift it moves by, whether the next iteration waits for it)
+    rotations = [("shift", 1, True), ("state_io", size - 1, False)]
+    if pipeline.repeats > 1 and pipeline.microbatches > size:
+        rotations.append(("circ_storage", 1, False))
+    rows = []
+    for buffer, shift, handoff in rotations:
+        send = Cause(tensors=(), consumer=f"{module}/pipeline/{buffer}", line=None, rules=())
+        for pass_, moved, waited in (("forward", shift, handoff), ("backward", (size - shift) % size, False)):
+            rows.append(
+                collective_row(
+                    "collective-permute",
+                    stages,
+                    micro,
+                    dtype,
+                    pass_,
+                    module,
+                    send,
+                    trips=staged.loop_trips,
+                    shift=moved,
+                    handoff=waited,
+                )
+            )
+    if plan.case.axis_types != EXPLICIT:
         return tuple(rows)
+    # A device's tokens with the stage split undone: what the edge gathers.
+    edge = (tokens * size, model.embed_dim)
+    cause = Cause(tensors=(), consumer=f"{module}/pipeline_edge", line=None, rules=())
+    rows += [collective_row("all-gather", stages, edge, dtype, p, module, cause) for p in ("forward", "backward")]
+    rows.append(collective_row("all-gather", stages, edge, dtype, "forward", module, cause))
     rows.append(collective_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
     closed = in_mesh_order(plan, set(batch) - set(stages))
-    # A TPU program keeps the microbatches split at the edge (seed 003's explicit compiles for v5p-8, with
-    # and without ZeRO-1 or the weights gathered once, have none of these gathers); a CPU program gathers them.
+    # A TPU program keeps the loop state split at the edge (seed 003's explicit compiles for v5p-8, with and
+    # without ZeRO-1 or the weights gathered once, have none of these gathers); a CPU program gathers it.
     if closed and dict(plan.provenance).get("backend") != "tpu":
-        # The microbatches, the outputs buffer, and the outputs the remat keeps of every saved step (one per
-        # round of a circular schedule, else one per iteration).
-        saved = pipeline.repeats if pipeline.repeats > 1 else staged.loop_trips
-        whole = (case.global_batch * model.seq_len, model.embed_dim)
-        for pass_, copies in (("forward", 2 + saved), ("backward", 2)):
-            shape = (copies * whole[0], whole[1])
-            rows.append(collective_row("all-gather", closed, shape, dtype, pass_, module, cause))
+        # A stage's `state_io` (its microbatches) and `shift` (one microbatch), and the inputs the remat keeps
+        # of every layer at every iteration, in the forward pass; the two buffers' gradients in the backward.
+        micro_whole = micro_tokens * math.prod(sizes[a] for a in closed)
+        buffers = case.global_batch * model.seq_len // size + micro_whole
+        kept = _layers_per_visit(every) * staged.loop_trips * micro_whole
+        for pass_, moved in (("forward", buffers + kept), ("backward", buffers)):
+            rows.append(collective_row("all-gather", closed, (moved, model.embed_dim), dtype, pass_, module, cause))
     for weight in every:
         if weight.stack_axes:
             rows += _weight_edge(plan, weight, sizes, (*pipeline.gathered_once, *zero1_axes(plan, case)))
     return tuple(rows)
+
+
+def _layers_per_visit(every: tuple[Weight, ...]) -> int:
+    """How many layers a stage runs per visit: its weights sit under `layers_0`, `layers_1`, … when more than one."""
+    names = {part for w in every if w.stack_axes for part in w.module.split("/") if re.fullmatch(r"layers_\d+", part)}
+    return max(1, len(names))
 
 
 def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int], once: tuple[str, ...]) -> list[CollectiveRow]:
