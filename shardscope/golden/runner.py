@@ -142,7 +142,10 @@ def _compile_in_processes(cases: Sequence[GoldenCase], devices: int, workers: in
             # own RuntimeError) cannot start processes; it can only end. Anything else is raised as it is.
             if not getattr(multiprocessing.current_process(), "_inheriting", False):
                 raise
-            raise SystemExit(f"shardscope: {_unguarded(sys.argv[0])}") from None
+            # One write of the whole line: several workers end at once on the same stderr, and SystemExit's
+            # own message is written in two parts (text, then newline) that another worker's can split.
+            os.write(2, f"shardscope: {_unguarded(sys.argv[0])}\n".encode())
+            raise SystemExit(1) from None
 
 
 def _script_workers_import() -> str | None:
