@@ -177,25 +177,35 @@ def test_circular_pipeline_equals_single_device_in_its_layer_order(model, overri
     assert_same_step(step, state, batch, reference)
 
 
-# Four microbatches over two stages (of 4 devices, so that a microbatch of 2 sequences still splits): each
-# stage's share of the inputs, and then of the outputs, moves through the loop state two at a time; in a
-# circular schedule what the last stage sends round waits in the circular storage for its next visit.
+# More microbatches than stages: each stage's share of the inputs, and then of the outputs, moves through
+# the loop state several at a time, and in a circular schedule what the last stage sends round waits in the
+# circular storage for its next visit. Four microbatches over two stages (of 4 devices, so that a microbatch
+# of 2 sequences still splits), one visit and circular; and eight over four stages of one layer each, where
+# the loop state passes through stages that neither take nor give a microbatch.
 MICROBATCH_CASES = [
-    (model, repeats, mode)
-    for model, repeats in (("llama-tiny", "1"), ("deepseek-tiny", "1"), ("llama-tiny", "2"), ("mixtral-tiny", "2"))
-    for mode in ("explicit", "auto")
+    *(
+        (model, "2", "4", repeats, mode)
+        for model, repeats in (("llama-tiny", "1"), ("deepseek-tiny", "1"), ("llama-tiny", "2"), ("mixtral-tiny", "2"))
+        for mode in ("explicit", "auto")
+    ),
+    *(("llama-tiny", "4", "8", "1", mode) for mode in ("explicit", "auto")),
 ]
 
 
 @pytest.mark.parametrize(
-    ("model", "repeats", "mode"), MICROBATCH_CASES, ids=["-".join(case) for case in MICROBATCH_CASES]
+    ("model", "stages", "microbatches", "repeats", "mode"),
+    MICROBATCH_CASES,
+    ids=["-".join(case) for case in MICROBATCH_CASES],
 )
-def test_pipeline_of_more_microbatches_than_stages(model, repeats, mode, compile_cached, references):
+def test_pipeline_of_more_microbatches_than_stages(
+    model, stages, microbatches, repeats, mode, compile_cached, references
+):
     state, batch, reference = references(model)
-    mesh = {"data": 1, "stage": 2, "fsdp": 2, "expert": 1}
-    settings = {"pipeline.microbatches": "4", "pipeline.repeats": repeats, "shard_mode": mode}
+    mesh = {"data": 1, "stage": int(stages), "fsdp": 4 // int(stages), "expert": 1}
+    settings = {"pipeline.microbatches": microbatches, "pipeline.repeats": repeats, "shard_mode": mode}
     step = compile_cached(resolve_case(model, "explicit-pipeline", "cpu-4", mesh, settings))
-    assert step.case.preset.pipeline is not None and step.case.preset.pipeline.microbatches == 4
+    assert dict(step.case.mesh)["stage"] == int(stages)
+    assert step.case.preset.pipeline is not None and step.case.preset.pipeline.microbatches == int(microbatches)
     assert_same_step(step, state, batch, reference)
 
 
