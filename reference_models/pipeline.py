@@ -111,7 +111,7 @@ def run_pipeline(
     loop = plan.start(context, path, x)
 
     def chosen_layer(blocks, visit, index, hidden):
-        # A circular schedule's step runs visit `visit` of the stage's blocks (see `_circular`); its layer
+        # A circular schedule's step runs visit `visit` of the stage's blocks (`one_step` computes it); its layer
         # `index` is picked here so that a rematerialised layer picks it again in the backward pass instead
         # of keeping the pick of every step.
         if visit is None:
@@ -257,7 +257,9 @@ class _Schedule:
         # Scalar selects: a predicate broadcast to a buffer's shape would be kept for every step.
         came_round = loop.shift if loop.circ_storage is None else loop.circ_storage[step % self.microbatches]
         hidden = jax.lax.select(first, jax.lax.select(step < self.microbatches, stream, came_round), loop.shift)
-        out = run(checkpoint_name(hidden, "iteration_input"))
+        # (MaxText's pipeline remat policy also keeps each iteration's input, `iteration_input`: with one layer
+        # a visit that is the layer's own kept input, and with several the first one's.)
+        out = run(hidden)
         sent = jax.lax.ppermute(out, self.axis, right)
         # The last stage's output goes round to stage 0 only when it is needed there at once.
         goes_round = self.repeats > 1 and not self.stores_outputs

@@ -107,9 +107,10 @@ def test_maxtexts_pipeline_programs_hand_off_once_per_forward_step(run):
 
 @pytest.mark.parametrize("run", sorted(p.name for p in PROGRAMS.glob("*.hlo.txt.gz")))
 def test_our_seed_003_plans_rotate_the_loop_state_as_maxtexts_programs_do(run):
-    """shardscope's pipeline keeps MaxText's loop state, so its TPU compile of the same command line moves
-    it as MaxText's own program does: per iteration, how many sends of how many bytes in each pass, and
-    which of them the next iteration waits for."""
+    """shardscope's pipeline keeps MaxText's loop state, so its TPU compile of the same command line (the
+    stored TPU-route plan, recompiled whenever the model changes) moves it as MaxText's own program does: per
+    iteration, how many sends of how many bytes in each pass, and which of them the next iteration waits
+    for."""
     theirs = parse_collectives(gzip.decompress((PROGRAMS / run).read_bytes())).collectives
     ours = load_plan(PLANS / f"{run.removesuffix('.hlo.txt.gz')}.tpu.json").collectives
 

@@ -230,10 +230,12 @@ def _check_pipeline(case: Case) -> None:
             f"{where}: {pipeline.repeats} repeats do not split the {layers // stages} layers of a stage evenly; "
             f"change --set pipeline.repeats=… (a divisor of {layers // stages})"
         )
-    if pipeline.repeats > 1 and pipeline.microbatches < stages:
+    if pipeline.microbatches < 1 or pipeline.microbatches % stages:
+        # MaxText's pipeline keeps microbatches / stages of them in each stage's slice of its loop state.
         raise ShardscopeError(
-            f"{where}: a circular pipeline ({pipeline.repeats} repeats) needs at least as many microbatches as "
-            f"stages, found {pipeline.microbatches}; change --set pipeline.microbatches=…"
+            f"{where}: {pipeline.microbatches} microbatches do not split over {stages} stages (the pipeline holds "
+            f"microbatches / stages of them in each stage); change --set pipeline.microbatches=… (a multiple of "
+            f"{stages})"
         )
     if case.global_batch % pipeline.microbatches:
         raise ShardscopeError(

@@ -6,12 +6,13 @@ waits for it (a hand-off); `state_io` hands each stage's slot of inputs and outp
 in a circular schedule that stores outputs between visits, the last output goes round to stage 0's store.
 The backward pass runs each of them transposed, overlapped with the recomputed forward pass.
 
-At its edge, with Auto mesh axes nothing moves: the loop state is split over the stages and the batch as
-the activations around the pipeline are. With Explicit ones the pipeline's shard_map closes every other
-axis: the microbatches are gathered over the stages on the way in and the outputs on the way out (and their
-gradients so in the backward pass), each stage's weights and (in a CPU program) the loop state are gathered
-whole over the closed axes once per step in each pass, besides the gathers each layer makes inside; and the
-logits' gradient, split over the stages outside, is gathered over them to meet the output.
+At its edge, with Explicit mesh axes the pipeline's shard_map closes every other axis: the microbatches are
+gathered over the stages on the way in and the outputs on the way out (and the outputs' gradient in the
+backward pass), each stage's weights and (in a CPU program) its loop state are gathered whole over the
+closed axes once per step in each pass, besides the gathers each layer makes inside; and the logits'
+gradient, split over the stages outside, is gathered over them to meet the output. Not predicted: the
+all-to-alls over the batch axes that split the batch into contiguous microbatches and join them again
+(Auto and Explicit alike; MaxText's own programs have them too), a few hundred MB per step on seed 003.
 """
 
 from __future__ import annotations
@@ -43,14 +44,17 @@ def pipeline_collectives(
     module = "/".join(staged.module.split("/")[:2])  # the stack: "decoder/layers"
     micro = (micro_tokens, model.embed_dim)
     size = math.prod(sizes[a] for a in stages)
-    # (buffer, the shift it moves by, whether the next iteration waits for it)
-    rotations = [("shift", 1, True), ("state_io", size - 1, False)]
+    # (buffer, the shift it moves by, whether the next iteration waits for it); the backward pass moves each
+    # the other way. Shifts as the HLO reader gives them: in (-size/2, size/2].
+    rotations = [("shift", 1, True), ("state_io", -1, False)]
     if pipeline.repeats > 1 and pipeline.microbatches > size:
         rotations.append(("circ_storage", 1, False))
     rows = []
     for buffer, shift, handoff in rotations:
         send = Cause(tensors=(), consumer=f"{module}/pipeline/{buffer}", line=None, rules=())
-        for pass_, moved, waited in (("forward", shift, handoff), ("backward", (size - shift) % size, False)):
+        for pass_, moved, waited in (("forward", shift, handoff), ("backward", -shift, False)):
+            moved %= size
+            moved = moved - size if moved > size // 2 else moved
             rows.append(
                 collective_row(
                     "collective-permute",
@@ -77,10 +81,10 @@ def pipeline_collectives(
     # A TPU program keeps the loop state split at the edge (seed 003's explicit compiles for v5p-8, with and
     # without ZeRO-1 or the weights gathered once, have none of these gathers); a CPU program gathers it.
     if closed and dict(plan.provenance).get("backend") != "tpu":
-        # A stage's `state_io` (its microbatches) and `shift` (one microbatch), and the inputs the remat keeps
-        # of every layer at every iteration, in the forward pass; the two buffers' gradients in the backward.
+        # Two buffers of a stage's `state_io` size (its microbatches; seed 003's CPU compiles gather two in
+        # each pass), and in the forward pass the inputs the remat keeps of every layer at every iteration.
         micro_whole = micro_tokens * math.prod(sizes[a] for a in closed)
-        buffers = case.global_batch * model.seq_len // size + micro_whole
+        buffers = 2 * case.global_batch * model.seq_len // size
         kept = _layers_per_visit(every) * staged.loop_trips * micro_whole
         for pass_, moved in (("forward", buffers + kept), ("backward", buffers)):
             rows.append(collective_row("all-gather", closed, (moved, model.embed_dim), dtype, pass_, module, cause))

@@ -168,9 +168,9 @@ def scan_collectives(topology: str, sizes: dict[str, int]) -> str:
 
 
 def gpipe_pipeline(topology: str) -> str:
-    """A GPipe pipeline as the explicit-pipeline preset runs one: 4 stages over `stage`, 6 microbatches,
-    each tick a stage's matmul (its weight split over `fsdp`, summed with psum) and a ppermute of the
-    activations to the next stage; 9 ticks in a scan, then the outputs summed over `stage`."""
+    """A GPipe pipeline in the manner of the explicit-pipeline preset's earlier schedule: 4 stages over
+    `stage`, 6 microbatches, each tick a stage's matmul (its weight split over `fsdp`, summed with psum) and a
+    ppermute of the activations to the next stage; 9 ticks in a scan, then the outputs summed over `stage`."""
     stages, microbatches, width = 4, 6, 16
     mesh = _mesh(topology, {"stage": stages, "fsdp": 2})
 
