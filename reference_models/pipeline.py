@@ -50,7 +50,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from reference_models.sharding import ShardingContext, ambient_mesh, constrain_as, entry_axes, place
+from reference_models.sharding import ShardingContext, ambient_mesh, constrain, entry_axes, place
 
 # Applies one layer: (that layer's params, hidden [batch, seq, embed], its index within a visit) -> hidden.
 LayerFn = Callable[[Any, jax.Array, int], jax.Array]
@@ -146,10 +146,10 @@ def run_pipeline(
         stage = jax.lax.axis_index(axis)
 
         def one_step(carry, step):
-            visit = None if repeats == 1 else jnp.clip((step - stage) // count, 0, repeats - 1)
+            visit = plan.visit(step, stage)
             return plan.advance(carry, step, stage, lambda hidden: stage_layers(params, visit, hidden)), None
 
-        loop, _ = jax.lax.scan(one_step, loop, jnp.arange(count * repeats + stages - 1))
+        loop, _ = jax.lax.scan(one_step, loop, jnp.arange(plan.iterations))
         return loop.state_io[None]
 
     # Which parameters are stored split over other axes than the stage axis: with Explicit axes they are
@@ -220,6 +220,18 @@ class _Schedule:
         return self.microbatches // self.stages
 
     @property
+    def iterations(self) -> int:
+        """Each microbatch's visits, one an iteration, plus the bubble."""
+        return self.microbatches * self.repeats + self.stages - 1
+
+    def visit(self, step: jax.Array, stage: jax.Array) -> jax.Array | None:
+        """Which of its visits a stage runs at an iteration (None: the schedule has one); in the bubble, the
+        nearest (its results are never used)."""
+        if self.repeats == 1:
+            return None
+        return jnp.clip((step - stage) // self.microbatches, 0, self.repeats - 1)
+
+    @property
     def stores_outputs(self) -> bool:
         """Whether outputs wait in `circ_storage` between visits (MaxText's `use_circ_storage`)."""
         return self.repeats > 1 and self.microbatches > self.stages
@@ -235,8 +247,8 @@ class _Schedule:
         # Contiguous microbatches, as MaxText splits the batch (rows m·micro … (m + 1)·micro - 1).
         x = _reshape_as(context, x, (self.microbatches, micro, *x.shape[1:]), _MICROBATCHES)
         state_io = _reshape_as(context, x, (self.stages, self.per_stage, *x.shape[1:]), STATE_IO, on_stages)
-        state_io = constrain_as(path, "state_io", state_io, STATE_IO, on_stages)
-        shift = constrain_as(path, "shift", jnp.zeros((self.stages, *x.shape[1:]), x.dtype), STAGES_IN, on_stages)
+        state_io = constrain(path, "state_io", state_io, STATE_IO, on_stages)
+        shift = constrain(path, "shift", jnp.zeros((self.stages, *x.shape[1:]), x.dtype), STAGES_IN, on_stages)
         if not self.stores_outputs:
             return LoopBuffers(state_io, shift, None, None)
         stored = jnp.zeros((self.stages, *x.shape), x.dtype)

@@ -138,7 +138,13 @@ def place(context: ShardingContext, x: jax.Array, spec: jax.sharding.PartitionSp
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(context.mesh, spec))
 
 
-def constrain(module_path: Sequence[str], name: str, x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+def constrain(
+    module_path: Sequence[str],
+    name: str,
+    x: jax.Array,
+    logical: Sequence[str | None],
+    adjust: Callable[[jax.sharding.PartitionSpec], jax.sharding.PartitionSpec] | None = None,
+) -> jax.Array:
     """Constrains an activation to the sharding its logical axes resolve to, and records it.
 
     Args:
@@ -147,6 +153,8 @@ def constrain(module_path: Sequence[str], name: str, x: jax.Array, logical: Sequ
         ("inputs_q", "q_nope", "mlp_lnx", ...), so that plans and MaxText's dumps line up.
       x: the activation.
       logical: one logical axis name per dimension.
+      adjust: applied to the rules' spec first (a pipeline's loop state is split over its stage axis whatever
+        the rules say of `activation_stage`); the spec placed is the one recorded.
 
     Returns:
       `x` with a sharding constraint (unchanged when no context is active).
@@ -154,22 +162,8 @@ def constrain(module_path: Sequence[str], name: str, x: jax.Array, logical: Sequ
     context = _CURRENT.get()
     if context is None:
         return x
-    return _record_and_place(context, module_path, name, x, tuple(logical), context.resolve(logical))
-
-
-def constrain_as(
-    module_path: Sequence[str],
-    name: str,
-    x: jax.Array,
-    logical: Sequence[str | None],
-    adjust: Callable[[jax.sharding.PartitionSpec], jax.sharding.PartitionSpec],
-) -> jax.Array:
-    """`constrain`, with the rules' spec passed through `adjust` first (a pipeline's loop state is split over
-    its stage axis whatever the rules say of `activation_stage`); the spec placed is the one recorded."""
-    context = _CURRENT.get()
-    if context is None:
-        return x
-    return _record_and_place(context, module_path, name, x, tuple(logical), adjust(context.resolve(logical)))
+    spec = context.resolve(logical)
+    return _record_and_place(context, module_path, name, x, tuple(logical), spec if adjust is None else adjust(spec))
 
 
 def constrain_physical(

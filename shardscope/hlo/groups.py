@@ -267,4 +267,11 @@ def pairs_to_shift(pairs: list[tuple[int, int]], mesh: MeshLayout) -> tuple[tupl
         return None
     shift = shifts.pop()
     spanned = tuple(mesh.axis_names[i] for i in run if mesh.axis_sizes[i] > 1)
-    return spanned, shift - size if shift > size // 2 else shift
+    return spanned, signed_shift(shift, size)
+
+
+def signed_shift(shift: int, size: int) -> int:
+    """A shift around a ring of `size`, normalised into (-size/2, size/2] (positive: towards higher
+    coordinates), as collective rows give it."""
+    shift %= size
+    return shift - size if shift > size // 2 else shift

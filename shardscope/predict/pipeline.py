@@ -22,6 +22,7 @@ import re
 
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
+from shardscope.hlo.groups import signed_shift
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, is_stack_name
 from shardscope.predict.layout import Weight, collective_row, in_mesh_order, mesh_sizes, zero1_axes
@@ -45,7 +46,7 @@ def pipeline_collectives(
     micro = (micro_tokens, model.embed_dim)
     size = math.prod(sizes[a] for a in stages)
     # (buffer, the shift it moves by, whether the next iteration waits for it); the backward pass moves each
-    # the other way. Shifts as the HLO reader gives them: in (-size/2, size/2].
+    # the other way.
     rotations = [("shift", 1, True), ("state_io", -1, False)]
     if pipeline.repeats > 1 and pipeline.microbatches > size:
         rotations.append(("circ_storage", 1, False))
@@ -53,8 +54,6 @@ def pipeline_collectives(
     for buffer, shift, handoff in rotations:
         send = Cause(tensors=(), consumer=f"{module}/pipeline/{buffer}", line=None, rules=())
         for pass_, moved, waited in (("forward", shift, handoff), ("backward", -shift, False)):
-            moved %= size
-            moved = moved - size if moved > size // 2 else moved
             rows.append(
                 collective_row(
                     "collective-permute",
@@ -65,7 +64,7 @@ def pipeline_collectives(
                     module,
                     send,
                     trips=staged.loop_trips,
-                    shift=moved,
+                    shift=signed_shift(moved, size),
                     handoff=waited,
                 )
             )

@@ -83,7 +83,9 @@ def check_divisible(
 def physical_spec(case: Case, logical: Sequence[str | None], rules: Rules | None = None) -> Spec:
     """The spec a logical-axes tuple gets on this case's mesh: the rules' answer (the preset's unless `rules`
     are given) without size-1 axes."""
-    return drop_unit_axes(resolve_logical(logical, rules or case.preset.logical_axis_rules), case.mesh_sizes)
+    return drop_unit_axes(
+        resolve_logical(logical, case.preset.logical_axis_rules if rules is None else rules), case.mesh_sizes
+    )
 
 
 def resolver(case: Case, resolved: set[LogicalAxes], rules: Rules | None = None):
