@@ -19,7 +19,7 @@ from shardscope.case.hardware import load_hardware
 from shardscope.case.tpu import libtpu_version
 from shardscope.cost.step import bin_seconds, expected_step, host_seconds, per_op_compute
 from shardscope.hlo.module import read_module
-from shardscope.hlo.profile import BINS_PER_OCTAVE, WorkBin, work_profile
+from shardscope.hlo.profile import BINS_PER_OCTAVE, WorkBin, causal_block_fraction, work_profile
 from shardscope.hlo.shapes import hbm_bytes
 from shardscope.hlo.work import step_work
 from shardscope.plan.estimate import RowTime
@@ -299,6 +299,18 @@ def test_a_pallas_attention_kernel_is_the_kernel_with_the_flops_its_shapes_and_c
     assert sum(entry.flops for entry in kernel) == round((2 + 4) * one_matmul * 10 / 16)
     assert all(entry.bytes == 0 for entry in kernel)
     assert sum(entry.ops for entry in bins if entry.kind == "memory") == 1  # other_kernel.1
+
+
+def test_a_kernel_of_longer_query_blocks_than_key_blocks_visits_its_causal_blocks_only():
+    # MaxText runs with sa_block_q=2048 and key blocks of 512 on 4096 tokens: a [2 × 8] grid. Query block 0
+    # sees key blocks 0-3, query block 1 all 8: 12 of 16 blocks, as on a square grid of 2 (3 of 4).
+    rectangular = work_profile(read_module(SPLASH.replace("mask = s8[1,4,4]", "mask = s8[1,2,8]")))
+    square = work_profile(read_module(SPLASH.replace("mask = s8[1,4,4]", "mask = s8[1,2,2]")))
+    one_matmul = 2 * 1 * 2 * 1024 * 1024 * 64
+    flops = [sum(entry.flops for entry in bins if entry.kind == "kernel") for bins in (rectangular, square)]
+    assert flops == [round((2 + 4) * one_matmul * 12 / 16)] * 2
+    assert causal_block_fraction(8, 2) == causal_block_fraction(2, 8) == 0.75
+    assert causal_block_fraction(5) == 6 / 10  # the square grid's (n + 1) / 2n
 
 
 def test_a_kernel_with_narrower_value_heads_counts_them_where_values_enter():

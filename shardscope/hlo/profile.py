@@ -140,7 +140,8 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     """FLOPs of one run of a Pallas attention kernel (None: not one). q, k and v are its first three rank-4
     operands ([batch, heads, length, head dim]); its block mask (an int8 [.., query blocks, key blocks]
     operand) says how many blocks it visits: a causal mask's lower triangle, as a language model's
-    training kernel has (the mask's contents are not in the program, only its grid)."""
+    training kernel has (the mask's contents are not in the program, only its grid), on a grid of any
+    [query blocks × key blocks] over a sequence attending to itself."""
     if instruction.opcode != "custom-call" or "tpu_custom_call" not in (
         instruction.attribute("custom_call_target") or ""
     ):
@@ -155,7 +156,8 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
     value_dim = qk[2][3] if len(qk) > 2 else dim
     grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
-    visited = causal_block_fraction(grid[0]) if grid is not None and grid[0] == grid[1] and grid[0] > 0 else 1.0
+    causal = grid is not None and queries == keys and min(grid) > 0
+    visited = causal_block_fraction(grid[0], grid[1]) if causal and grid is not None else 1.0
     kind = match.group(1)
     if kind == "dkv" and _gradient_outputs(instruction.shape) >= 3:
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
@@ -163,10 +165,14 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
 
 
-def causal_block_fraction(blocks: int) -> float:
-    """The fraction of an n × n grid of [query × key] blocks a causal kernel visits, the diagonal's whole:
-    (n + 1) / 2n."""
-    return (blocks + 1) / (2 * blocks)
+def causal_block_fraction(query_blocks: int, key_blocks: int | None = None) -> float:
+    """The fraction of a grid of [query × key] blocks over one sequence that a causal kernel visits: every
+    block holding a key at or before one of its queries. A query block i of n sees the key blocks up to its
+    last row, ceil((i + 1) · keys / n) of them; on a square n × n grid that is (n + 1) / 2n. (A kernel of
+    2048-row query blocks against 512-key blocks visits 3/4 of its grid, not all of it.)"""
+    keys = query_blocks if key_blocks is None else key_blocks
+    seen = sum(min(keys, -(-(i + 1) * keys // query_blocks)) for i in range(query_blocks))
+    return seen / (query_blocks * keys)
 
 
 def _gradient_outputs(shape: str) -> int:
