@@ -36,14 +36,15 @@ def traffic_by_axes(plan: Plan) -> dict[tuple[str, ...], float]:
     return dict(found)
 
 
-# Dense runs on three generations and both routes: the prediction's expected step measured within 8% of
-# the compiled plan's (benchmarks/prediction.py runs: every dense plan within 8%).
+# Dense runs on three generations: the prediction's expected step against the compiled plan's, the TPU
+# compile's where the run has one (what the prediction prices: the TPU's program), else the CPU compile's
+# priced as the generation. Measured: +8.4%, +5.3%, +3.5% and +3.5%.
 @pytest.mark.parametrize(
     ("name", "generation"),
     [
-        ("llama3.1-70b_v6e-32_tr014.cpu", "v6e"),
-        ("llama3.1-8b_v6e-16_tr014.cpu", "v6e"),
-        ("llama3.1-70b_tpu7x-128_8k_iw.cpu", "tpu7x"),
+        ("llama3.1-70b_v6e-32_tr014.tpu", None),
+        ("llama3.1-8b_v6e-16_tr014.tpu", None),
+        ("llama3.1-70b_tpu7x-128_8k_iw.tpu", None),
         ("llama2-70b_v5p-1024_tiering.cpu", "v5p"),
     ],
 )
@@ -51,7 +52,7 @@ def test_a_dense_runs_predicted_step_is_within_ten_percent_of_its_compiled_one(n
     compiled = stored(name)
     predicted = predicted_plan(tensors_only(compiled))
     compiled_step = price_plan(compiled, generation).estimate
-    predicted_step = price_plan(predicted, generation).estimate
+    predicted_step = price_plan(predicted, generation or compiled.case.topology.rsplit("-", 1)[0]).estimate
     assert compiled_step is not None and predicted_step is not None
     assert compiled_step.expected and predicted_step.expected
     assert abs(predicted_step.expected / compiled_step.expected - 1) < 0.10

@@ -43,8 +43,9 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
 
     `cpu_program`: the ops are a CPU compile's, priced as the TPU would run them: XLA's CPU compiler fuses
     less than the TPU's and runs a bfloat16 program's elementwise work in float32, so ops without matrix
-    work touch more bytes there; they count at the table's `cpu_memory_bytes_factor` (fitted to TPU
-    compiles of the same cases by benchmarks/calibrate.py)."""
+    work touch more bytes there (its conversions around matmuls, which the TPU's matmuls do themselves,
+    are already left out of its profile: `shardscope.hlo.fusion`); they count at the table's
+    `cpu_memory_bytes_factor` (fitted to TPU compiles of the same cases by benchmarks/calibrate.py)."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
     if entry.kind == "grouped":
         flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)

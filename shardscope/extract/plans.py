@@ -104,7 +104,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
         memory=_memory(step.compiled, case.topology.platform),
         schema=SCHEMA,
         compute=compute_of(module),
-        work=work_profile(module),
+        work=work_profile(module, cpu_program=case.topology.platform == "cpu"),
     )
 
 

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardscope.hlo.executions import Program
+from shardscope.hlo.fusion import conversions_into_matmuls
 from shardscope.hlo.metadata import pass_of, split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info, tuple_elements
@@ -297,9 +298,12 @@ def _regions(program: Program, runs: Mapping[str, int | None]) -> dict[str, int]
     return region
 
 
-def work_profile(module: Module) -> tuple[WorkBin, ...]:
+def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ...]:
     """Every top-level op of the step that runs a known number of times, binned (see the module doc).
-    Ops of computations whose executions are unknown are left out, as in `step_work`."""
+    Ops of computations whose executions are unknown are left out, as in `step_work`.
+
+    `cpu_program`: the module is a CPU compile's; the conversions and relayouts it writes out around its
+    matmuls, which a TPU's matmuls do inside themselves, move nothing (`shardscope.hlo.fusion`)."""
     program = Program(module)
     runs = program.executions_per_step()
     fused = fused_computations(program, runs)
@@ -310,17 +314,26 @@ def work_profile(module: Module) -> tuple[WorkBin, ...]:
         if not count or name in fused or name in expanded:
             continue
         shapes = program.shapes(name)
-        kernel = _kernel_ops(program.instructions(name))
-        for instruction in program.instructions(name):
+        instructions = program.instructions(name)
+        kernel = _kernel_ops(instructions)
+        classified: dict[str, tuple[str, int, int]] = {}
+        for instruction in instructions:
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
             scatter = scatters.get(f"{name}/{instruction.name}")
             if scatter is not None:
-                found: tuple[str, int, int] | None = ("memory", 0, scatter)
-            else:
-                found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
-            if found is None:
+                classified[instruction.name] = ("scatter", 0, scatter)
                 continue
-            kind, flops, nbytes = found
+            found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
+            if found is not None:
+                classified[instruction.name] = found
+        kinds = {op: kind for op, (kind, _, _) in classified.items()}
+        in_matmuls = conversions_into_matmuls(program, instructions, kinds) if cpu_program else set()
+        for instruction in instructions:
+            if instruction.name not in classified:
+                continue
+            kind, flops, nbytes = classified[instruction.name]
+            kind = "memory" if kind == "scatter" else kind
+            nbytes = 0 if instruction.name in in_matmuls else nbytes
             op_name = _op_name(instruction)
             pass_ = pass_of(op_name) if op_name else "other"
             key = (kind, pass_, count, regions.get(name, count), _intensity(flops, nbytes))

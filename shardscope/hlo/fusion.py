@@ -1,0 +1,82 @@
+"""What a CPU program writes out that the TPU's matmuls do inside themselves.
+
+XLA's CPU compiler runs a bfloat16 matmul in float32 and in the layout its matmul library wants: before it,
+the operands are converted (and transposed, copied, broadcast) into new buffers; after it, the result is
+converted back and laid out for its users, each step an op of its own that writes its whole result to
+memory. The TPU compiler fuses such conversions and relayouts into the matmul: the matrix unit reads the
+bfloat16 operand where it lies and writes the result in the type and layout asked for. On TPU compiles
+of the same small steps these ops move 0-3 GB where the CPU program's move 45-97 GB (Llama 2 7B, DeepSeek2
+16B, Mixtral 8x7B, two layers each); they are what `conversions_into_matmuls` finds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from shardscope.hlo.executions import Program
+from shardscope.hlo.records import Instruction
+
+__all__ = ["conversions_into_matmuls"]
+
+# What an op may do and still only convert or lay out its data: the TPU's matmul does it as it reads or
+# writes. A fusion is such an op when every op it runs is one of these (its parameters and tuples aside).
+CONVERSION_OPS = frozenset({"convert", "copy", "transpose", "bitcast", "reshape", "broadcast", "bitcast-convert"})
+_PLUMBING = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})
+# Ops that only name another value (a view of it, an element of a tuple): seen through.
+_VIEWS = frozenset({"bitcast", "get-tuple-element"})
+# Kinds of op (`shardscope.hlo.profile`) whose inputs and results a TPU converts and lays out itself.
+MATRIX_KINDS = frozenset({"matmul", "grouped", "kernel"})
+
+
+def _opcodes(program: Program, instruction: Instruction) -> set[str]:
+    """The ops an instruction runs: itself, or every op of a fusion's computations."""
+    if instruction.opcode != "fusion":
+        return {instruction.opcode}
+    opcodes: set[str] = set()
+    pending = [callee for attribute, callee in instruction.callees() if attribute == "calls"]
+    while pending:
+        for inner in program.instructions(pending.pop()):
+            opcodes.add(inner.opcode)
+            pending += [callee for attribute, callee in inner.callees() if attribute == "calls"]
+    return opcodes - _PLUMBING
+
+
+def conversions_into_matmuls(
+    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, str]
+) -> set[str]:
+    """The ops of one computation (`kinds`: each op's kind by name) that only convert or lay out data and
+    either read a matrix op's result (directly or through other such ops) or are read by matrix ops only:
+    a TPU compile has none of them."""
+    by_name = {i.name: i for i in instructions}
+
+    def source(value: str) -> str:
+        for _ in range(64):
+            producer = by_name.get(value)
+            if producer is None or producer.opcode not in _VIEWS or not producer.operands:
+                break
+            value = producer.operands[0]
+        return value
+
+    users: dict[str, set[str]] = defaultdict(set)
+    for instruction in instructions:
+        if instruction.opcode not in _VIEWS:
+            for operand in instruction.operands:
+                users[source(operand)].add(instruction.name)
+    candidates = {
+        i.name
+        for i in instructions
+        if kinds.get(i.name) == "memory" and (ops := _opcodes(program, i)) and ops <= CONVERSION_OPS
+    }
+    matrix = {name for name, kind in kinds.items() if kind in MATRIX_KINDS}
+    found: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name in candidates - found:
+            reads_matrix = any(source(o) in matrix or source(o) in found for o in by_name[name].operands)
+            read_by_matrix = bool(users[name]) and all(u in matrix or u in found for u in users[name])
+            if reads_matrix or read_by_matrix:
+                found.add(name)
+                changed = True
+    return found
