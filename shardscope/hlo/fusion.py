@@ -21,12 +21,13 @@ __all__ = ["conversions_into_matmuls"]
 
 # What an op may do and still only convert or lay out its data: the TPU's matmul does it as it reads or
 # writes. A fusion is such an op when every op it runs is one of these (its parameters and tuples aside).
-CONVERSION_OPS = frozenset({"convert", "copy", "transpose", "bitcast", "reshape", "broadcast", "bitcast-convert"})
+_CONVERSION_OPS = frozenset({"convert", "copy", "transpose", "bitcast", "reshape", "broadcast", "bitcast-convert"})
 _PLUMBING = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})
 # Ops that only name another value (a view of it, an element of a tuple): seen through.
 _VIEWS = frozenset({"bitcast", "get-tuple-element"})
-# Kinds of op (`shardscope.hlo.profile`) whose inputs and results a TPU converts and lays out itself.
-MATRIX_KINDS = frozenset({"matmul", "grouped", "kernel"})
+# Kinds of op (`shardscope.hlo.profile`) whose inputs and results a TPU converts and lays out itself. (A
+# scatter the CPU compiler expanded into a loop is a `while`: never a conversion.)
+_MATRIX_KINDS = frozenset({"matmul", "grouped", "kernel"})
 
 
 def _opcodes(program: Program, instruction: Instruction) -> set[str]:
@@ -66,9 +67,9 @@ def conversions_into_matmuls(
     candidates = {
         i.name
         for i in instructions
-        if kinds.get(i.name) == "memory" and (ops := _opcodes(program, i)) and ops <= CONVERSION_OPS
+        if kinds.get(i.name) == "memory" and (ops := _opcodes(program, i)) and ops <= _CONVERSION_OPS
     }
-    matrix = {name for name, kind in kinds.items() if kind in MATRIX_KINDS}
+    matrix = {name for name, kind in kinds.items() if kind in _MATRIX_KINDS}
     found: set[str] = set()
     changed = True
     while changed:

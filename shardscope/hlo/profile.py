@@ -157,8 +157,9 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
     value_dim = qk[2][3] if len(qk) > 2 else dim
     grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
-    causal = grid is not None and queries == keys and min(grid) > 0
-    visited = causal_block_fraction(grid[0], grid[1]) if causal and grid is not None else 1.0
+    visited = 1.0
+    if grid is not None and queries == keys and min(grid) > 0:
+        visited = causal_block_fraction(grid[0], grid[1])
     kind = match.group(1)
     if kind == "dkv" and _gradient_outputs(instruction.shape) >= 3:
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
@@ -321,9 +322,9 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
             scatter = scatters.get(f"{name}/{instruction.name}")
             if scatter is not None:
-                classified[instruction.name] = ("scatter", 0, scatter)
-                continue
-            found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
+                found: tuple[str, int, int] | None = ("memory", 0, scatter)
+            else:
+                found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
             if found is not None:
                 classified[instruction.name] = found
         kinds = {op: kind for op, (kind, _, _) in classified.items()}
@@ -332,7 +333,6 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             if instruction.name not in classified:
                 continue
             kind, flops, nbytes = classified[instruction.name]
-            kind = "memory" if kind == "scatter" else kind
             nbytes = 0 if instruction.name in in_matmuls else nbytes
             op_name = _op_name(instruction)
             pass_ = pass_of(op_name) if op_name else "other"
