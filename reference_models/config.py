@@ -106,6 +106,10 @@ class DecoderConfig:
     # (("embed_moe", -, "mlp_moe") instead of ("exp", "embed_moe", "mlp_moe")), so that gathering them for the
     # expert matmuls concatenates whole experts instead of interleaving rows of each.
     shard_experts_on_fsdp: bool = False
+    # MaxText's `use_2d_fsdp_sharding`: every expert weight stored as (embed_moe, mlp_moe, -), its experts on
+    # fsdp and its first matrix dimension on fsdp_transpose (both FSDP axes, one per dimension), and gathered
+    # whole for the expert matmuls. `shard_experts_on_fsdp` wins when both are set, as in MaxText.
+    experts_2d_fsdp: bool = False
     # The batch a train step sees: `global_batch` sequences if set, else `per_device_batch` per device
     # (MaxText's per_device_batch_size; fractional when the sequence is split over devices).
     seq_len: int

@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec
 
 from reference_models.config import GROUPED_SCOPE, DecoderConfig
 from reference_models.layers import MlpBlock, logical_param
+from reference_models.router import GateLogit, route
 from reference_models.sharding import ambient_mesh, constrain, constrain_physical, current_context, entry_axes, place
 
 _TOKENS = ("activation_batch", "activation_norm_length", None)
@@ -55,50 +56,14 @@ _WO_ON_FSDP = ("embed_moe", "mlp_moe", None)
 # `shard_exp_on_fsdp` with no expert dimension (MaxText allows it without expert parallelism only).
 _WI_PLACED = ("exp", None, "mlp_no_fsdp")
 _WI_PLACED_ON_FSDP = (None, None, "mlp_no_fsdp")
+# Under MaxText's `use_2d_fsdp_sharding`, all three: experts on embed_moe's axes and the first matrix dimension
+# on mlp_moe's (whose rule comes first and takes fsdp_transpose, leaving embed_moe fsdp); placed whole.
+_W_2D = ("embed_moe", "mlp_moe", None)
+_W_PLACED_2D = (None, "mlp_no_fsdp", None)  # mlp_no_fsdp's axes are of size 1 here (case.resolve checks it)
 # The mesh axis MaxText's MoE gathers the expert weights over before the expert computation.
 _GATHERED_AXIS = "fsdp"
 
 Axes = tuple[str, ...]
-
-
-def route(
-    gate_logits: jax.Array, pre_bias_logits: jax.Array | None, k: int, router: str
-) -> tuple[jax.Array, jax.Array]:
-    """Top-k expert choice per token: (weights [..., k] float32, expert ids [..., k])."""
-    logits = gate_logits.astype(jnp.float32)
-    if router == "topk_softmax":
-        top, ids = jax.lax.top_k(logits, k)
-        return jax.nn.softmax(top, axis=-1), ids
-    if router == "sigmoid_bias":
-        # The biased scores choose the experts; the unbiased scores weight them.
-        assert pre_bias_logits is not None
-        _, ids = jax.lax.top_k(logits, k)
-        top = jnp.take_along_axis(pre_bias_logits.astype(jnp.float32), ids, axis=-1)
-        return top / jnp.sum(top, axis=-1, keepdims=True), ids
-    probs = jax.nn.softmax(logits, axis=-1)
-    top, ids = jax.lax.top_k(probs, k)
-    return top / jnp.sum(top, axis=-1, keepdims=True), ids
-
-
-class GateLogit(nn.Module):
-    """The router's projection: a `kernel` [embed, experts] and, for DeepSeek-V3, a `bias` [experts].
-
-    Returns (gate logits, pre-bias logits); the second is None unless the router has a bias.
-    """
-
-    config: DecoderConfig
-    logical: tuple[str | None, ...]
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        cfg = self.config
-        kernel = logical_param(self, "kernel", (x.shape[-1], cfg.num_experts), self.logical)
-        logits = jnp.einsum("bse,ex->bsx", x, kernel.astype(x.dtype))
-        if not cfg.routed_bias:
-            return logits, None
-        scores = jax.nn.sigmoid(logits)
-        bias = logical_param(self, "bias", (cfg.num_experts,), self.logical[-1:], nn.initializers.zeros)
-        return scores + bias.astype(scores.dtype), scores
 
 
 def _capacity(tokens: int, k: int, experts: int, factor: float | None) -> int:
@@ -387,7 +352,13 @@ class RoutedMoE(nn.Module):
         cfg = self.config
         experts, embed = cfg.num_experts, x.shape[-1]
         gate_logits, pre_bias_logits = GateLogit(cfg, self.gate_logical, name="gate")(x)
-        wi_axes, wo_axes = (_WI_ON_FSDP, _WO_ON_FSDP) if cfg.shard_experts_on_fsdp else (_WI, _WO)
+        wi_axes, wo_axes, placed = (
+            (_WI_ON_FSDP, _WO_ON_FSDP, _WI_PLACED_ON_FSDP)
+            if cfg.shard_experts_on_fsdp
+            else (_W_2D, _W_2D, _W_PLACED_2D)
+            if cfg.experts_2d_fsdp
+            else (_WI, _WO, _WI_PLACED)
+        )
         wi_0 = logical_param(self, "wi_0", (experts, embed, self.hidden), wi_axes)
         wi_1 = logical_param(self, "wi_1", (experts, embed, self.hidden), wi_axes)
         wo = logical_param(self, "wo", (experts, self.hidden, embed), wo_axes)
@@ -405,7 +376,6 @@ class RoutedMoE(nn.Module):
         token_axes = {a for entry in token_spec for a in entry_axes(entry)}
         # Weights gathered over FSDP; a hidden-dimension axis that also splits the tokens is gathered too
         # (adding partial sums over it would mix different tokens).
-        placed = _WI_PLACED_ON_FSDP if cfg.shard_experts_on_fsdp else _WI_PLACED
         wi_spec = _without(context.resolve(placed), {_GATHERED_AXIS})
         ep_axes = entry_axes(wi_spec[0])
         tp_axes = tuple(a for a in entry_axes(wi_spec[2]) if a not in token_axes)

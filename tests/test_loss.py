@@ -279,3 +279,21 @@ def test_experts_sharded_on_fsdp_give_the_single_device_loss(model, compiled_cas
     step = compiled_cases(model, "default", **{"model.shard_experts_on_fsdp": "true"})
     assert step.case.model.shard_experts_on_fsdp
     assert_same_step(step, state, batch, reference)
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_experts_on_2d_fsdp_give_the_single_device_loss(model, compile_cached, references):
+    # MaxText's use_2d_fsdp_sharding: each expert weight's experts on fsdp and first matrix dimension on
+    # fsdp_transpose, gathered whole for the expert matmuls.
+    state, batch, reference = references(model)
+    case = resolve_case(
+        model, "default", "cpu-8", {"fsdp": 2, "fsdp_transpose": 2, "expert": 2}, {"model.experts_2d_fsdp": "true"}
+    )
+    step = compile_cached(case)
+    stored = {
+        jax.tree_util.keystr(path): sharding.spec
+        for path, sharding in jax.tree_util.tree_flatten_with_path(step.abstract.state_shardings["params"])[0]
+    }
+    wi = [spec for path, spec in stored.items() if path.endswith("['MoeBlock_0']['wi_0']")]
+    assert wi and all(spec[0] == "fsdp" and spec[2] == "fsdp_transpose" for spec in wi), wi
+    assert_same_step(step, state, batch, reference)

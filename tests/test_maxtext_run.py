@@ -229,6 +229,20 @@ def test_a_renamed_key_is_read_under_maxtexts_current_name():
         resolve_maxtext_case("deepseek-tiny", None, "cpu-8", f"{words} fsdp_shard_on_exp=true shard_exp_on_fsdp=true")
 
 
+def test_2d_fsdp_expert_weights_are_modelled_without_tensor_parallelism_only():
+    words = f"{TINY} ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=2 use_2d_fsdp_sharding=true"
+    case, run = resolve_maxtext_case("deepseek-tiny", None, "cpu-8", words)
+    assert case.model.experts_2d_fsdp and not case.model.shard_experts_on_fsdp
+    assert not any("not modelled" in line for line in run.warnings), run.warnings
+    with pytest.raises(ShardscopeError, match=r"use_2d_fsdp_sharding\) with mlp_no_fsdp on tensor=2 is not modelled"):
+        resolve_maxtext_case("deepseek-tiny", None, "cpu-8", f"{words} ici_tensor_parallelism=2")
+    # MaxText's MoE takes shard_exp_on_fsdp first when both are set: that layout is modelled at any mesh.
+    both, _ = resolve_maxtext_case(
+        "deepseek-tiny", None, "cpu-8", f"{words} ici_tensor_parallelism=2 shard_exp_on_fsdp=true"
+    )
+    assert both.model.shard_experts_on_fsdp
+
+
 def test_a_pipeline_puts_the_stage_axis_first_as_maxtexts_config_does():
     # MaxText's config, when the stage axis is in use: stage before data in the mesh and in data_sharding,
     # and the embedding/logits batch over (stage, data, fsdp, fsdp_transpose, expert).

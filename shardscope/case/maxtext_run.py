@@ -365,6 +365,7 @@ _MODEL_KEYS: dict[str, Any] = {
     # The expert matmuls' kernel: set from sparse_matmul in `_settings` (megablox only picks its TPU kernel).
     "sparse_matmul": lambda v: {},
     "shard_exp_on_fsdp": lambda v: {"model.shard_experts_on_fsdp": _text(v)},
+    "use_2d_fsdp_sharding": lambda v: {"model.experts_2d_fsdp": _text(v)},
     "megablox": lambda v: {},
     # The TPU attention kernel's tiles (the query block is also the CPU stand-in's; the others are read in
     # `_settings`) and its backward kernel.

@@ -141,6 +141,7 @@ def resolve_case(
         overrides=tuple(sorted(overrides.items())),
     )
     _check_pipeline(case)
+    _check_2d_expert_weights(case)
     return case
 
 
@@ -252,6 +253,23 @@ def _check_pipeline(case: Case) -> None:
             f"{where}: a microbatch of {micro} sequences ({case.global_batch} / {pipeline.microbatches}) does not "
             f"split over {'×'.join(axes)} = {ways} devices; change --set pipeline.microbatches=… or "
             "model.global_batch=…"
+        )
+
+
+def _check_2d_expert_weights(case: Case) -> None:
+    """MaxText's `use_2d_fsdp_sharding` places the expert weights on (-, mlp_no_fsdp, -) for the expert
+    matmuls: the tokens' model dimension for `wi`, so an axis there that splits nothing else would leave each
+    device a slice of the matmul's contracted dimension, which the expert body does not model."""
+    if not case.model.experts_2d_fsdp or case.model.shard_experts_on_fsdp:
+        return
+    spec = drop_unit_axes(resolve_logical(("mlp_no_fsdp",), case.preset.logical_axis_rules), case.mesh_sizes)
+    axes = entry_axes(spec[0])
+    if axes:
+        sizes = ", ".join(f"{axis}={case.mesh_sizes[axis]}" for axis in axes)
+        raise ShardscopeError(
+            f"model.experts_2d_fsdp (MaxText's use_2d_fsdp_sharding) with mlp_no_fsdp on {sizes} is not "
+            "modelled: the expert weights' model dimension would be split for the expert matmuls; use it "
+            "without tensor parallelism"
         )
 
 

@@ -125,6 +125,7 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "attention_kernel": _attention_kernel,
     "expert_matmul": _expert_matmul,
     "shard_experts_on_fsdp": _boolean,
+    "experts_2d_fsdp": _boolean,
     "attention_block": lambda text: _whole(text, 1, "a positive integer (query rows per block)"),
     "attention_blocks": _attention_blocks,
     "attention_fused_backward": _boolean,
