@@ -110,6 +110,8 @@ class DecoderConfig:
     # fsdp and its first matrix dimension on fsdp_transpose (both FSDP axes, one per dimension), and gathered
     # whole for the expert matmuls. `shard_experts_on_fsdp` wins when both are set, as in MaxText.
     experts_2d_fsdp: bool = False
+    # MaxText's `use_iota_embed`: the token embedding as a one-hot matmul instead of a gather (layers.Embed).
+    iota_embed: bool = False
     # The batch a train step sees: `global_batch` sequences if set, else `per_device_batch` per device
     # (MaxText's per_device_batch_size; fractional when the sequence is split over devices).
     seq_len: int

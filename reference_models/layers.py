@@ -125,6 +125,11 @@ class Embed(nn.Module):
         cfg = self.config
         table = logical_param(self, "embedding", (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed_vocab"))
         out = explicit_spec(("activation_embed_and_logits_batch", "activation_length", "activation_embed"))
+        if cfg.iota_embed:
+            # MaxText's `use_iota_embed`: the lookup as a matmul of the tokens' one-hot rows with the table (in
+            # the activation dtype), which runs on the matrix units, its backward pass a second matmul.
+            one_hot = (tokens[..., None] == jax.lax.iota(jnp.int32, cfg.vocab_size)).astype(cfg.dtype)
+            return jnp.dot(one_hot, table.astype(cfg.dtype), out_sharding=out)
         return table.at[tokens].get(out_sharding=out).astype(cfg.dtype)
 
 

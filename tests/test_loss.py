@@ -281,6 +281,15 @@ def test_experts_sharded_on_fsdp_give_the_single_device_loss(model, compiled_cas
     assert_same_step(step, state, batch, reference)
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_iota_embedding_gives_the_single_device_loss(model, compiled_cases, references):
+    # MaxText's use_iota_embed: the token lookup as a one-hot matmul (its table gradient a matmul too).
+    state, batch, reference = references(model)
+    step = compiled_cases(model, "default", **{"model.iota_embed": "true"})
+    assert step.case.model.iota_embed
+    assert_same_step(step, state, batch, reference)
+
+
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_experts_on_2d_fsdp_give_the_single_device_loss(model, compile_cached, references):
     # MaxText's use_2d_fsdp_sharding: each expert weight's experts on fsdp and first matrix dimension on

@@ -257,3 +257,21 @@ def test_a_pipeline_puts_the_stage_axis_first_as_maxtexts_config_does():
         assert (batch[0] == "stage") == stage_first, batch
         assert (case.preset.data_sharding[0][0] == "stage") == stage_first
     assert dict(piped.mesh) == {**dict(plain.mesh), "stage": 2, "fsdp": 2}
+
+
+def test_iota_embed_looks_tokens_up_with_a_one_hot_matmul_and_its_backward_matmul():
+    # MaxText's use_iota_embed: [tokens × vocab] one-hot rows @ table forward, and the table's gradient as the
+    # transposed matmul backward: 2 × 2·T·V·E more FLOPs per device than the gather (plus the one-hot rows).
+    from reference_models import MODELS
+
+    words = f"{TINY} ici_fsdp_parallelism=-1"
+    flops = {}
+    for iota in ("false", "true"):
+        case, run = resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{words} use_iota_embed={iota}")
+        assert case.model.iota_embed == (iota == "true")
+        assert not any("use_iota_embed" in line for line in run.warnings), run.warnings
+        flops[iota] = dict(plan_case(case).compute)["flops"]
+    model = MODELS["llama-tiny"]
+    tokens_per_device = 32  # one sequence of 32 per device
+    matmuls = 4 * tokens_per_device * model.vocab_size * model.embed_dim
+    assert matmuls <= flops["true"] - flops["false"] < 1.1 * matmuls, (flops, matmuls)

@@ -366,6 +366,7 @@ _MODEL_KEYS: dict[str, Any] = {
     "sparse_matmul": lambda v: {},
     "shard_exp_on_fsdp": lambda v: {"model.shard_experts_on_fsdp": _text(v)},
     "use_2d_fsdp_sharding": lambda v: {"model.experts_2d_fsdp": _text(v)},
+    "use_iota_embed": lambda v: {"model.iota_embed": _text(v)},
     "megablox": lambda v: {},
     # The TPU attention kernel's tiles (the query block is also the CPU stand-in's; the others are read in
     # `_settings`) and its backward kernel.
