@@ -105,9 +105,9 @@ def test_pipeline_repeats_are_maxtexts(keys, repeats):
 
 
 def test_keys_that_change_the_step_but_are_not_modelled_are_named():
-    run = maxtext_run("use_iota_embed=true steps=3 attention=dot_product", "mixtral-tiny", ("fsdp",), 8, 1, True)
+    run = maxtext_run("use_custom_sort_vjp=false steps=3 attention=dot_product", "mixtral-tiny", ("fsdp",), 8, 1, True)
     (line,) = [w for w in run.warnings if "not modelled, planned without them" in w]
-    assert "use_iota_embed=true" in line and "steps" not in line
+    assert "use_custom_sort_vjp=false" in line and "steps" not in line
     assert dict(run.settings)["model.attention_kernel"] == "dot_product"
     # MaxText's own defaults that the plan departs from are said too.
     run = maxtext_run("", "mixtral-tiny", ("fsdp",), 8, 1, True)
@@ -147,19 +147,27 @@ def test_the_library_takes_a_command_line_and_warns():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         plan = shardscope.plan_case(
-            "mixtral-tiny", maxtext=f"{TINY} use_iota_embed=true attention=dot_product", tensors_only=True
+            "mixtral-tiny", maxtext=f"{TINY} use_custom_sort_vjp=false attention=dot_product", tensors_only=True
         )
-    assert any("use_iota_embed=true" in str(w.message) for w in seen)
+    assert any("use_custom_sort_vjp=false" in str(w.message) for w in seen)
     assert dict(plan.case.mesh)["fsdp"] == 8 and plan.case.preset == "default"
 
 
 def test_cli_prints_warnings_on_stderr_and_plans(tmp_path):
     out = tmp_path / "plan.json"
-    command = ["dump", "mixtral-tiny", "--tensors-only", "--maxtext", f"{TINY} use_iota_embed=true", "-o", str(out)]
+    command = [
+        "dump",
+        "mixtral-tiny",
+        "--tensors-only",
+        "--maxtext",
+        f"{TINY} use_custom_sort_vjp=false",
+        "-o",
+        str(out),
+    ]
     result = subprocess.run([sys.executable, "-m", "shardscope.cli", *command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
-    assert any("use_iota_embed=true" in line for line in warnings)
+    assert any("use_custom_sort_vjp=false" in line for line in warnings)
     assert yaml.safe_load(out.read_text())["case"]["overrides"]["model.seq_len"] == "32"
 
 
