@@ -268,9 +268,9 @@ def table(found: list[Row], markdown: bool) -> str:
                 row.run["id"],
                 kind,
                 measured,
-                _seconds(row.expected["tpu"]) + ("*" if row.stale.get("tpu") else ""),
+                _seconds(row.expected["tpu"]) + ("†" if row.stale.get("tpu") else ""),
                 _error(row.error("tpu")),
-                _seconds(row.expected["cpu"]) + ("*" if row.stale.get("cpu") else ""),
+                _seconds(row.expected["cpu"]) + ("†" if row.stale.get("cpu") else ""),
                 _error(row.error("cpu")),
             ]
         )
@@ -285,7 +285,7 @@ def table(found: list[Row], markdown: bool) -> str:
     if missing:
         count = sum(bool(row.stale.get(route)) for row in found for route in ROUTES)
         out.append(
-            f"{bullet}* {count} plans were planned before their command line's {', '.join(missing)} was modelled: "
+            f"{bullet}† {count} plans were planned before their command line's {', '.join(missing)} was modelled: "
             "priced without it until replanned (`--plan ID --route tpu|cpu`); the MAPEs include them"
         )
     for route in ROUTES:
