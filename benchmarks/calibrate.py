@@ -8,8 +8,9 @@ minimising the mean squared log error of the expected step against the measured 
 generation's runs together (the constants of a generation without dense runs), then `mxu_efficiency` again
 for each generation with runs of its own (the matrix units and the compiler differ by generation; HBM
 traffic is a small part of these steps, so its fraction stays shared). MoE runs and seed 003 are never
-used (they validate). A third, `cpu_memory_bytes_factor`, is fitted to compiles rather than measurements: the TPU
-compile's bytes of ops without matrix work over the CPU compile's, on every run planned on both routes.
+used (they validate). Two more, `cpu_memory_bytes_factor` and `cpu_gather_bytes_factor`, are fitted to compiles
+rather than measurements: the TPU compile's bytes of ops without matrix work, against the CPU compile's
+elementwise ones and its gathers and scatters, each at its factor, on every run planned on both routes.
 Prints the fit, each fitted run's error at the fit, and the lines to put in hardware.yaml.
 
   python benchmarks/calibrate.py
@@ -96,30 +97,51 @@ def fit_generations(cases: list, hbm: float, kernel: float) -> tuple[float, dict
     return shared, own, total / len(cases)
 
 
-def memory_bytes(plan) -> int:
-    return sum(entry.bytes for entry in plan.work if entry.kind == "memory")
+def bytes_of(plan, *kinds: str) -> int:
+    return sum(entry.bytes for entry in plan.work if entry.kind in kinds)
 
 
-def cpu_memory_factor() -> tuple[float | None, list[tuple[str, float]]]:
-    """The geometric mean, over every run planned on both routes, of the TPU compile's bytes of ops without
-    matrix work over the CPU compile's: a fit to compiles (the TPU's is the truth), not to measurements."""
-    ratios = []
+FACTOR_GRID = [round(0.01 * i, 2) for i in range(5, 201)]
+
+
+def cpu_bytes_factors() -> tuple[tuple[float, float] | None, list[tuple[str, float, float]]]:
+    """(memory factor, gather factor) minimising the mean squared log error of the CPU compile's bytes of ops
+    without matrix work, elementwise × the one plus gathers × the other, against the TPU compile's, over every
+    run planned on both routes: a fit to compiles (the TPU's is the truth), not to measurements. Also each
+    run's (id, TPU / CPU bytes, the CPU's share in gathers)."""
+    points = []
     for run in published_runs.catalogue():
         tpu, cpu = published_runs.plan_path(run, "tpu"), published_runs.plan_path(run, "cpu")
         if tpu.exists() and cpu.exists():
-            ratio = memory_bytes(shardscope.load_plan(tpu)) / memory_bytes(shardscope.load_plan(cpu))
-            ratios.append((run["id"], ratio))
-    if not ratios:
-        return None, ratios
-    return math.exp(sum(math.log(r) for _, r in ratios) / len(ratios)), ratios
+            tpu_plan, cpu_plan = shardscope.load_plan(tpu), shardscope.load_plan(cpu)
+            points.append(
+                (
+                    run["id"],
+                    bytes_of(tpu_plan, "memory", "gather"),
+                    *(bytes_of(cpu_plan, k) for k in ("memory", "gather")),
+                )
+            )
+    if not points:
+        return None, []
+
+    def loss(memory: float, gather: float) -> float:
+        return sum(math.log((memory * m + gather * g) / t) ** 2 for _, t, m, g in points)
+
+    best = min(((m, g) for m in FACTOR_GRID for g in FACTOR_GRID), key=lambda pair: (loss(*pair), pair))
+    return best, [(run_id, t / (m + g), g / (m + g)) for run_id, t, m, g in points]
 
 
 def main() -> int:
-    factor, ratios = cpu_memory_factor()
-    if factor is not None:
-        print(f"cpu_memory_bytes_factor {factor:.2f}: geometric mean over {len(ratios)} runs planned on both routes")
-        for run_id, ratio in ratios:
-            print(f"  {run_id:32s} TPU / CPU bytes of ops without matrix work {ratio:.2f}")
+    factors, ratios = cpu_bytes_factors()
+    if factors is not None:
+        print(
+            f"cpu_memory_bytes_factor {factors[0]:.2f}, cpu_gather_bytes_factor {factors[1]:.2f}: "
+            f"fitted over {len(ratios)} runs planned on both routes"
+        )
+        for run_id, ratio, share in ratios:
+            print(
+                f"  {run_id:32s} TPU / CPU bytes of ops without matrix work {ratio:.2f} (CPU's in gathers {share:.0%})"
+            )
     cases = fitted_cases()
     if not cases:
         print("no dense run has a stored plan: run published_runs.py --plan first", file=sys.stderr)
@@ -148,8 +170,8 @@ def main() -> int:
             print(f"  {case[0]:32s} {case[1]}  measured {case[2]:7.3f} s  expected {value:7.3f} s  {error:+.1%}")
     print("hardware.yaml:\ncalibration:")
     print(f"  mxu_efficiency: {shared:.2f}\n  hbm_efficiency: {hbm:.2f}\n  kernel_efficiency: {kernel:.2f}")
-    if factor is not None:
-        print(f"  cpu_memory_bytes_factor: {factor:.2f}")
+    if factors is not None:
+        print(f"  cpu_memory_bytes_factor: {factors[0]:.2f}\n  cpu_gather_bytes_factor: {factors[1]:.2f}")
     print("  generations:")
     for generation, value in own.items():
         print(f"    {generation}: {{mxu_efficiency: {value:.2f}}}")

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import published_runs
-from calibrate import memory_bytes
+from calibrate import bytes_of
 
 import shardscope
 from shardscope.cost.price import price_plan
@@ -72,7 +72,9 @@ def main() -> int:
         measured = runs[run_id]["measured"]["step_time_s"]
         priced = [price_plan(plan, None).estimate.expected for plan in (theirs, ours)]
         errors = [f"{value / measured - 1:+.1%}" for value in priced]
-        traffic = f"{memory_bytes(theirs) / 1e12:.2f} / {memory_bytes(ours) / 1e12:.2f} TB"
+        traffic = (
+            f"{bytes_of(theirs, 'memory', 'gather') / 1e12:.2f} / {bytes_of(ours, 'memory', 'gather') / 1e12:.2f} TB"
+        )
         print(
             f"{run_id:28s} {measured:8.2f}s {priced[0]:15.2f}s {errors[0]:>7s} {priced[1]:10.2f}s {errors[1]:>7s}"
             f" {traffic:>34s}"

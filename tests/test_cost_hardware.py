@@ -90,6 +90,15 @@ def test_a_calibration_outside_zero_to_one_is_refused(monkeypatch, value):
         load_hardware("v4")  # a generation without constants of its own takes the shared ones
 
 
+@pytest.mark.parametrize("value", [0, -0.5, "high", True])
+def test_a_gather_bytes_factor_that_is_not_a_positive_number_is_refused(monkeypatch, value):
+    table = yaml.safe_load(yaml.safe_dump(hardware._table()))
+    table["calibration"]["cpu_gather_bytes_factor"] = value
+    monkeypatch.setattr(hardware, "_table", lambda: table)
+    with pytest.raises(HardwareError, match=r"calibration\.cpu_gather_bytes_factor must be a positive number"):
+        load_hardware("v5p")
+
+
 def test_a_generation_takes_its_own_fitted_constants_else_the_shared_ones():
     calibration = hardware._table()["calibration"]
     own = calibration["generations"]

@@ -152,6 +152,16 @@ def test_an_op_takes_the_longer_of_its_flops_and_its_bytes_at_the_calibrated_rat
     assert host_seconds(work("host", 1, 0, 10**9), tuned) == pytest.approx(10**9 / V5P.host_bandwidth_per_device)
 
 
+def test_a_cpu_programs_gathers_and_elementwise_ops_count_at_their_own_factors():
+    tuned = dataclasses.replace(V5P, hbm_efficiency=0.5, cpu_memory_bytes_factor=0.25, cpu_gather_bytes_factor=0.75)
+    rate = V5P.hbm_bandwidth_per_device * 0.5
+    memory, gather = work("memory", 1, 0, 10**10), work("gather", 1, 0, 10**10)
+    assert bin_seconds(memory, tuned, cpu_program=True) == pytest.approx(0.25 * 10**10 / rate)
+    assert bin_seconds(gather, tuned, cpu_program=True) == pytest.approx(0.75 * 10**10 / rate)
+    # A TPU compile's bytes are the TPU's: no factor, a gather as any op without matrix work.
+    assert bin_seconds(gather, tuned) == bin_seconds(memory, tuned) == pytest.approx(10**10 / rate)
+
+
 def test_collectives_hide_behind_the_compute_of_the_loop_they_run_in_and_no_other():
     layers = work("matmul", 48, 48 * 10**10, 1)  # 48 layer iterations of compute
     outside = work("memory", 1, 0, 10**9)  # the optimizer update, once
@@ -230,8 +240,24 @@ def test_a_scatter_the_cpu_compiler_expanded_into_a_loop_counts_as_one_scatter()
     bins = work_profile(read_module(SCATTER_LOOP))
     assert all(entry.executions == 1 for entry in bins)  # nothing of the 512-trip loop body is counted
     (scatter,) = [entry for entry in bins if entry.ops == 1 and entry.pass_ == "backward"]
-    # Indices and updates read, the rows they touch read and written.
+    # Indices and updates read, the rows they touch read and written; it moves rows by index.
     assert scatter.bytes == 3 * (512 * 4 + 512 * 64 * 4)
+    assert scatter.kind == "gather"
+
+
+def test_an_op_that_gathers_rows_by_index_is_a_gather_op_apart_from_the_elementwise_ones():
+    table, ids = jnp.ones((1000, 64), jnp.float32), jnp.arange(256, dtype=jnp.int32) * 3
+
+    def lookup(table, ids):
+        return jnp.sin(table).sum() + jnp.take(table, ids, axis=0).sum()
+
+    bins = profile_of(lookup, table, ids)
+    gathers = [entry for entry in bins if entry.kind == "gather"]
+    assert gathers and all(entry.flops == 0 for entry in gathers)
+    # At least the rows it reads: 256 rows of 64 float32.
+    assert sum(entry.bytes for entry in gathers) >= 256 * 64 * 4
+    # The elementwise pass over the table is not one.
+    assert sum(entry.bytes for entry in bins if entry.kind == "memory") >= 1000 * 64 * 4
 
 
 # The CPU compiler's layout copy of the kernel's scores has no metadata; the residual add after it has.

@@ -72,6 +72,8 @@ class Hardware:
     # A CPU compile's bytes of ops without matrix work, as the TPU's compile of the same step touches them
     # (fitted to compiles of both; `shardscope.cost.step.bin_seconds`).
     cpu_memory_bytes_factor: float = 1.0
+    # ... and of its ops that gather or scatter rows (`gather` bins), whose bytes fusion barely changes.
+    cpu_gather_bytes_factor: float = 1.0
     # The grouped-matmul kernel of a dropless MoE (MaxText's megablox/sparse_matmul) reaches the matmuls'
     # fraction × (expert width / grouped_reference_width) ** grouped_width_exponent, at most the matmuls'.
     grouped_reference_width: float | None = None
@@ -219,6 +221,7 @@ def hardware_from_dict(name: str, entry: Any, efficiency: Any, calibration: dict
         mxu_efficiency=fitted["mxu_efficiency"],
         hbm_efficiency=fitted["hbm_efficiency"],
         cpu_memory_bytes_factor=fitted["cpu_memory_bytes_factor"],
+        cpu_gather_bytes_factor=_positive("cpu_gather_bytes_factor", given.get("cpu_gather_bytes_factor")) or 1.0,
         kernel_efficiency=None if kernel is None else _fraction("kernel_efficiency", kernel),
         grouped_reference_width=_positive("grouped_matmul.reference_width", grouped.get("reference_width")),
         grouped_width_exponent=_positive("grouped_matmul.width_exponent", grouped.get("width_exponent")) or 0.0,

@@ -45,7 +45,9 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
     less than the TPU's and runs a bfloat16 program's elementwise work in float32, so ops without matrix
     work touch more bytes there (its conversions around matmuls, which the TPU's matmuls do themselves,
     are already left out of its profile: `shardscope.hlo.fusion`); they count at the table's
-    `cpu_memory_bytes_factor` (fitted to TPU compiles of the same cases by benchmarks/calibrate.py)."""
+    `cpu_memory_bytes_factor` (fitted to TPU compiles of the same cases by benchmarks/calibrate.py). Ops
+    that gather or scatter rows touch the rows they move whatever the fusion, in float32 on CPU: they count
+    at `cpu_gather_bytes_factor`, fitted with it."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
     if entry.kind == "grouped":
         flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)
@@ -53,7 +55,11 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
         return entry.flops / (hardware.flops_per_device * (hardware.kernel_efficiency or hardware.mxu_efficiency))
     if entry.kind == "host":
         return 0.0
-    nbytes = entry.bytes * (hardware.cpu_memory_bytes_factor if cpu_program and entry.kind == "memory" else 1.0)
+    nbytes = float(entry.bytes)
+    if cpu_program and entry.kind == "memory":
+        nbytes *= hardware.cpu_memory_bytes_factor
+    elif cpu_program and entry.kind == "gather":
+        nbytes *= hardware.cpu_gather_bytes_factor
     return max(entry.flops / flops_rate, nbytes / (hardware.hbm_bandwidth_per_device * hardware.hbm_efficiency))
 
 

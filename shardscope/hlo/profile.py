@@ -12,6 +12,10 @@ Kinds:
 - `matmul`: an op with matrix-unit work (a dot, a convolution, or a fusion containing one).
 - `memory`: an op with none (elementwise fusions, copies, slices, reductions): bytes only. Vector-unit
   FLOPs are not counted: on TPU such ops are bound by HBM traffic.
+- `gather`: a `memory` op that moves rows by index (a gather or a scatter, alone or fused: a dropless MoE's
+  token permutation, an embedding lookup). Kept apart because a compiler's fusion barely changes its bytes
+  (the rows it reads and writes), where it changes an elementwise op's many times over: a CPU compile's
+  are priced as a TPU's with a factor of their own (`shardscope.cost.step`).
 - `grouped`: an op whose matrix work is the experts' of a dropless MoE run as a grouped-matmul kernel (its
   dot inside `GROUPED_SCOPE`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
 - `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
@@ -52,12 +56,13 @@ __all__ = ["GROUPED_SCOPE", "KERNEL_SCOPE", "KINDS", "WorkBin", "causal_block_fr
 
 KERNEL_SCOPE = "flash_attention"  # the reference models' named scope around the attention kernel stand-in
 GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when they run grouped
-KINDS = ("matmul", "grouped", "memory", "kernel", "host")
+KINDS = ("matmul", "grouped", "memory", "gather", "kernel", "host")
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
 _OP_NAME = re.compile(r'op_name="([^"\\]*(?:\\.[^"\\]*)*)"')
 _MATRIX_OPS = frozenset({"dot", "convolution"})
+_ROW_OPS = frozenset({"gather", "scatter"})
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,21 @@ def _grouped(program: Program, instruction: Instruction) -> bool:
     return False
 
 
+def _moves_rows(program: Program, instruction: Instruction) -> bool:
+    """Whether an op gathers or scatters rows by index: it is a gather or scatter, or a fusion running one."""
+    if instruction.opcode in _ROW_OPS:
+        return True
+    if instruction.opcode != "fusion":
+        return False
+    pending = [callee for attribute, callee in instruction.callees() if attribute == "calls"]
+    while pending:
+        for inner in program.instructions(pending.pop()):
+            if inner.opcode in _ROW_OPS:
+                return True
+            pending += [callee for attribute, callee in inner.callees() if attribute == "calls"]
+    return False
+
+
 def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
     """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
     compiler added around them without a name of their own (the CPU compiler's layout copies and
@@ -254,7 +274,7 @@ def _classify(
     else:
         nbytes = instruction_bytes(instruction, operand_shapes, wrapped)
     if not flops:
-        return "memory", 0, nbytes
+        return ("gather" if _moves_rows(program, instruction) else "memory"), 0, nbytes
     return ("grouped" if _grouped(program, instruction) else "matmul"), flops, nbytes
 
 
@@ -322,7 +342,7 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
             scatter = scatters.get(f"{name}/{instruction.name}")
             if scatter is not None:
-                found: tuple[str, int, int] | None = ("memory", 0, scatter)
+                found: tuple[str, int, int] | None = ("gather", 0, scatter)
             else:
                 found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
             if found is not None:
