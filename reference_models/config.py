@@ -112,6 +112,9 @@ class DecoderConfig:
     experts_2d_fsdp: bool = False
     # MaxText's `use_iota_embed`: the token embedding as a one-hot matmul instead of a gather (layers.Embed).
     iota_embed: bool = False
+    # MaxText's `num_vocab_tiling`: the loss runs over this many chunks of the batch's tokens, one chunk's
+    # logits at a time, recomputed in the backward pass (vocab_tiling.py); 1: the whole batch's logits.
+    vocab_tiles: int = 1
     # The batch a train step sees: `global_batch` sequences if set, else `per_device_batch` per device
     # (MaxText's per_device_batch_size; fractional when the sequence is split over devices).
     seq_len: int

@@ -28,6 +28,9 @@ from reference_models.sharding import ShardingContext, current_context, path_pre
 # MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
 PARAM_SCAN_AXIS = 1
 _LOGITS = ("activation_embed_and_logits_batch", "activation_length", "activation_vocab")
+# The output head's parameters (the final norm and the vocabulary projection) and their logical axes: what a
+# tiled loss gathers over FSDP before its chunks (vocab_tiling.py), as MaxText's does.
+HEAD_PARAMS = {"decoder_norm": {"scale": ("norm",)}, "logits_dense": {"kernel": ("embed_vocab", "vocab")}}
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,14 @@ class Decoder(nn.Module):
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, head_only: bool = False) -> jax.Array:
+        """Logits of the embedded tokens `x`; or, with `head_only`, of hidden states `x` through the output
+        head alone (a tiled loss's chunks); with `vocab_tiles` > 1, a step's hidden states before the head
+        (MaxText's decoder returns them for its tiled loss)."""
         cfg = self.config
+        if head_only:
+            x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
+            return DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
         stacks = layer_stacks(cfg)
         outer = current_context()
         for stack in stacks:
@@ -199,6 +208,8 @@ class Decoder(nn.Module):
                     policy = remat_policy(cfg.remat, cfg.remat_custom)
                     layer = nn.remat(stack.layer, prevent_cse=False, policy=policy)
                 x, _ = _scanned(layer, stack)(cfg, **stack.options, name=stack.name)(x, None)
+        if cfg.vocab_tiles > 1 and not self.is_initializing():
+            return x
         x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
         logits = DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
         out = explicit_spec(_LOGITS)
@@ -252,9 +263,15 @@ class Transformer(nn.Module):
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array | None, hidden: jax.Array | None = None) -> jax.Array:
+        """Logits of `tokens` (hidden states before the head when `vocab_tiles` > 1), or of `hidden` states
+        through the output head alone (`tokens` None: MaxText's `logits_from_hidden_states_for_vocab_tiling`)."""
         with weights_in(self.config.weight_dtype):
-            return Decoder(self.config, name="decoder")(Embed(self.config, name="token_embedder")(tokens))
+            decoder = Decoder(self.config, name="decoder")
+            if hidden is not None:
+                return decoder(hidden, head_only=True)
+            assert tokens is not None
+            return decoder(Embed(self.config, name="token_embedder")(tokens))
 
 
 def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -306,3 +306,14 @@ def test_experts_on_2d_fsdp_give_the_single_device_loss(model, compile_cached, r
     wi = [spec for path, spec in stored.items() if path.endswith("['MoeBlock_0']['wi_0']")]
     assert wi and all(spec[0] == "fsdp" and spec[2] == "fsdp_transpose" for spec in wi), wi
     assert_same_step(step, state, batch, reference)
+
+
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+@pytest.mark.parametrize("model", MODELS)
+def test_vocab_tiling_gives_the_single_device_loss_and_gradients(model, mode, compiled_cases, references):
+    # MaxText's num_vocab_tiling: the loss over 4 chunks of the batch's tokens, the head's logits recomputed
+    # chunk by chunk in the backward pass (a custom VJP), its parameters gathered over FSDP first.
+    state, batch, reference = references(model)
+    step = compiled_cases(model, "default", **{"model.vocab_tiles": "4", "shard_mode": mode})
+    assert step.case.model.vocab_tiles == 4
+    assert_same_step(step, state, batch, reference)

@@ -283,3 +283,25 @@ def test_iota_embed_looks_tokens_up_with_a_one_hot_matmul_and_its_backward_matmu
     tokens_per_device = 32  # one sequence of 32 per device
     matmuls = 4 * tokens_per_device * model.vocab_size * model.embed_dim
     assert matmuls <= flops["true"] - flops["false"] < 1.1 * matmuls, (flops, matmuls)
+
+
+def test_vocab_tiling_recomputes_each_chunks_logits_in_the_backward_pass():
+    # MaxText's num_vocab_tiling: the head's forward matmul runs once more per step (each chunk's logits are
+    # recomputed to be differentiated): 2·T·E·V more FLOPs per device than the untiled loss.
+    from reference_models import MODELS
+
+    words = f"{TINY} ici_fsdp_parallelism=-1"
+    flops = {}
+    for tiles in (1, 4):
+        case, run = resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{words} num_vocab_tiling={tiles}")
+        assert case.model.vocab_tiles == tiles
+        assert not any("num_vocab_tiling" in line for line in run.warnings), run.warnings
+        flops[tiles] = sum(entry.flops for entry in plan_case(case).work)  # matrix FLOPs
+    model = MODELS["llama-tiny"]
+    head = 2 * 32 * model.embed_dim * model.vocab_size  # one sequence of 32 per device
+    assert flops[4] - flops[1] == head, (flops, head)
+
+
+def test_vocab_tiles_that_do_not_divide_the_batchs_tokens_are_refused():
+    with pytest.raises(ShardscopeError, match=r"model.vocab_tiles=3 .*does not divide the batch's 256 tokens"):
+        resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{TINY} ici_fsdp_parallelism=-1 num_vocab_tiling=3")

@@ -367,6 +367,7 @@ _MODEL_KEYS: dict[str, Any] = {
     "shard_exp_on_fsdp": lambda v: {"model.shard_experts_on_fsdp": _text(v)},
     "use_2d_fsdp_sharding": lambda v: {"model.experts_2d_fsdp": _text(v)},
     "use_iota_embed": lambda v: {"model.iota_embed": _text(v)},
+    "num_vocab_tiling": lambda v: {"model.vocab_tiles": str(v)},
     "megablox": lambda v: {},
     # The TPU attention kernel's tiles (the query block is also the CPU stand-in's; the others are read in
     # `_settings`) and its backward kernel.

@@ -142,6 +142,7 @@ def resolve_case(
     )
     _check_pipeline(case)
     _check_2d_expert_weights(case)
+    _check_vocab_tiles(case)
     return case
 
 
@@ -270,6 +271,16 @@ def _check_2d_expert_weights(case: Case) -> None:
             f"model.experts_2d_fsdp (MaxText's use_2d_fsdp_sharding) with mlp_no_fsdp on {sizes} is not "
             "modelled: the expert weights' model dimension would be split for the expert matmuls; use it "
             "without tensor parallelism"
+        )
+
+
+def _check_vocab_tiles(case: Case) -> None:
+    """The loss's chunks must split the batch's tokens evenly (MaxText refuses the run otherwise)."""
+    tiles, tokens = case.model.vocab_tiles, case.global_batch * case.model.seq_len
+    if tokens % tiles:
+        raise ShardscopeError(
+            f"model.vocab_tiles={tiles} (MaxText's num_vocab_tiling) does not divide the batch's {tokens} tokens "
+            f"({case.global_batch} sequences of {case.model.seq_len}); choose a divisor"
         )
 
 

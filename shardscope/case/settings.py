@@ -127,6 +127,7 @@ MODEL_FIELDS: dict[str, Callable[[str], Any]] = {
     "shard_experts_on_fsdp": _boolean,
     "experts_2d_fsdp": _boolean,
     "iota_embed": _boolean,
+    "vocab_tiles": lambda text: _whole(text, 1, "a positive integer (chunks of the batch's tokens)"),
     "attention_block": lambda text: _whole(text, 1, "a positive integer (query rows per block)"),
     "attention_blocks": _attention_blocks,
     "attention_fused_backward": _boolean,

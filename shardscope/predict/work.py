@@ -74,6 +74,7 @@ class _Use:
     bubble: float
     recomputed: bool = True  # the backward pass runs it again (remat), unless the policy keeps its output
     backward: float = 2.0  # its backward work in forwards (a matmul: the input's and the weight's gradients)
+    rerun: bool = False  # the backward pass runs it again whatever the remat (a tiled loss's output head)
 
 
 def _bubble(case: Case | None, weight: Weight, tokens: int, micro_tokens: int) -> float:
@@ -121,8 +122,11 @@ def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micr
     # `wo`) is not run again: the gradients need its input, not its output, so the compiler drops it from
     # the rematerialised forward pass (an expert's `wo` is needed: the combine weights its output).
     feeds_residual = weight.module.rsplit("/", 1)[-1] in ("out", "wo") and not weight.is_expert
-    again = recomputed(weight, saved) and not feeds_residual
-    return _Use(flops, weight_bytes + io, weight.loop_trips, _bubble(case, weight, tokens, micro), again)
+    # Remat recomputes the layer stacks only; a tiled loss (MaxText's num_vocab_tiling) recomputes the output
+    # head's logits chunk by chunk in its backward pass.
+    again = weight.stacked and recomputed(weight, saved) and not feeds_residual
+    rerun = not weight.stacked and case is not None and case.model.vocab_tiles > 1
+    return _Use(flops, weight_bytes + io, weight.loop_trips, _bubble(case, weight, tokens, micro), again, rerun=rerun)
 
 
 def recomputed(weight: Weight, saved: frozenset[str]) -> bool:
@@ -247,7 +251,7 @@ def _bins(uses: Iterable[_Use], kind: str, remat: bool) -> list[WorkBin]:
     """The uses as work bins, per pass and loop, forward work once, backward twice (plus remat's forward)."""
     totals: dict[tuple[str, int], list[float]] = {}
     for use in uses:
-        again = 1.0 if remat and use.recomputed else 0.0
+        again = 1.0 if (remat and use.recomputed) or use.rerun else 0.0
         passes = (("forward", 1.0), ("backward", use.backward + again))
         for pass_, factor in passes:
             entry = totals.setdefault((pass_, use.trips), [0.0, 0.0, 0.0])

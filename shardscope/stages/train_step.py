@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from reference_models.decoder import Transformer, next_token_loss
+from reference_models.decoder import HEAD_PARAMS, Transformer, next_token_loss
+from reference_models.vocab_tiling import gathered_over_fsdp, tiled_next_token_loss
 from shardscope.case.resolve import Case
 
 
@@ -22,12 +23,21 @@ def make_optimizer(mu_dtype: str = "") -> optax.GradientTransformation:
 
 
 def make_loss(case: Case):
-    """The forward pass and next-token loss: (params, batch) → loss."""
+    """The forward pass and next-token loss: (params, batch) → loss. With `vocab_tiles` > 1 the loss runs
+    over chunks of the tokens from the decoder's hidden states, as MaxText's `num_vocab_tiling` does."""
     model = Transformer(case.model)
+    tiles = case.model.vocab_tiles
+
+    def logits_of(head, hidden):
+        return model.apply({"params": head}, None, hidden=hidden)
 
     def loss_of(params, batch):
-        logits: Any = model.apply({"params": params}, batch["tokens"])
-        return next_token_loss(logits, batch["targets"])
+        out: Any = model.apply({"params": params}, batch["tokens"])
+        if tiles == 1:
+            return next_token_loss(out, batch["targets"])
+        head = {"decoder": {name: params["decoder"][name] for name in HEAD_PARAMS}}
+        head = gathered_over_fsdp(head, {"decoder": HEAD_PARAMS})
+        return tiled_next_token_loss(logits_of, head, out, batch["targets"], tiles)
 
     return loss_of
 

@@ -1,0 +1,127 @@
+"""The next-token loss over chunks of the batch's tokens, as MaxText's `num_vocab_tiling` runs it.
+
+MaxText's `vocabulary_tiling.py`: the decoder returns its hidden states (before the output head); the output
+head's parameters are gathered over the FSDP axes once; a scan over `tiles` chunks of the batch's tokens
+computes each chunk's logits and cross-entropy, so only one chunk's [tokens / tiles × vocab] logits live at a
+time. The backward pass (a custom VJP) scans the chunks again: each chunk's logits are recomputed and
+differentiated, the head's gradients accumulated over the chunks, the hidden states' gradient written per
+chunk. The sum over chunks is the whole batch's: the loss equals the untiled one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from reference_models.sharding import current_context, place
+
+# MaxText's logical names for the loss's values (`vocabulary_tiling.py`); `num_tile` has no rule in base.yml.
+_HIDDEN = ("activation_embed_and_logits_batch", "activation_length", "activation_embed")
+_TARGETS = ("activation_embed_and_logits_batch", "activation_length")
+_TILED_HIDDEN = ("num_tile", "activation_embed_and_logits_batch_sequence", "activation_embed")
+_TILED_TARGETS = ("num_tile", "activation_embed_and_logits_batch_sequence")
+_CHUNK_HIDDEN = ("activation_embed_and_logits_batch_sequence", "activation_embed")
+_CHUNK_TARGETS = ("activation_embed_and_logits_batch_sequence",)
+_CHUNK_LOGITS = ("activation_embed_and_logits_batch_sequence", "activation_vocab")
+FSDP_AXES = ("fsdp", "fsdp_transpose")  # what MaxText's `all_gather_over_fsdp` gathers over
+
+Logits = Callable[[Any, jax.Array], jax.Array]  # (head parameters, hidden [tokens, embed]) -> [tokens, vocab]
+
+
+def _placed(x: jax.Array, logical: Sequence[str | None], what: str) -> jax.Array:
+    """`x` on the sharding its logical axes resolve to (unchanged outside a sharding context). Not recorded
+    as an activation: these are the loss's values, not the model's."""
+    context = current_context()
+    if context is None:
+        return x
+    spec = context.resolve(logical)
+    if context.validate is not None:
+        spec = context.validate(f"loss/{what}", tuple(x.shape), spec) or spec
+    return place(context, x, spec)
+
+
+def _reshaped(x: jax.Array, shape: tuple[int, ...], logical: Sequence[str | None], what: str) -> jax.Array:
+    """`x` reshaped and placed; with Explicit axes the reshape is given its result's sharding, as MaxText's
+    (a reshape that merges split dimensions has no sharding of its own)."""
+    context = current_context()
+    if context is None or not context.explicit:
+        return _placed(x.reshape(shape), logical, what)
+    return _placed(jax.lax.reshape(x, shape, out_sharding=context.resolve(logical)), logical, what)
+
+
+def gathered_over_fsdp(params: Any, logical: Any) -> Any:
+    """The head's parameters with their FSDP axes gathered (their other axes kept), as MaxText gathers them
+    before its tiled loss. `logical`: each parameter's logical axes, in the same tree."""
+    context = current_context()
+    if context is None:
+        return params
+
+    def gather(param: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+        spec = context.resolve(axes)
+        kept = []
+        for entry in spec:
+            names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+            rest = tuple(name for name in names if name not in FSDP_AXES)
+            kept.append(rest[0] if len(rest) == 1 else (rest or None))
+        return place(context, param, jax.sharding.PartitionSpec(*kept))
+
+    return jax.tree.map(gather, params, logical, is_leaf=lambda node: isinstance(node, tuple))
+
+
+def _chunk_loss(logits_of: Logits, head: Any, hidden: jax.Array, targets: jax.Array) -> jax.Array:
+    """Summed cross-entropy of one chunk's targets (float32, as the untiled loss)."""
+    hidden = _placed(hidden, _CHUNK_HIDDEN, "chunk_hidden")
+    targets = _placed(targets, _CHUNK_TARGETS, "chunk_targets")
+    logits = _placed(logits_of(head, hidden), _CHUNK_LOGITS, "chunk_logits")
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.sum(log_probs * jax.nn.one_hot(targets, logits.shape[-1], dtype=log_probs.dtype), axis=-1)
+    return -jnp.sum(picked)
+
+
+def tiled_next_token_loss(logits_of: Logits, head: Any, hidden: jax.Array, targets: jax.Array, tiles: int) -> jax.Array:
+    """Mean cross-entropy of `targets` [batch, seq] given `hidden` [batch, seq, embed], over `tiles` chunks.
+
+    `logits_of(head, chunk)`: the output head applied to a chunk's hidden states; `head`: its parameters,
+    already gathered (`gathered_over_fsdp`). `tiles` must divide batch × seq."""
+    batch, seq, embed = hidden.shape
+    chunk = batch * seq // tiles
+    hidden = _placed(hidden, _HIDDEN, "hidden")
+    targets = _placed(targets, _TARGETS, "targets")
+
+    def chunks(h: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = _reshaped(h, (tiles, chunk, embed), _TILED_HIDDEN, "tiled_hidden")
+        return h, _reshaped(t, (tiles, chunk), _TILED_TARGETS, "tiled_targets")
+
+    def forward(head: Any, h: jax.Array, t: jax.Array) -> tuple[jax.Array, tuple[Any, jax.Array, jax.Array]]:
+        tiled_h, tiled_t = chunks(h, t)
+
+        def body(total: jax.Array, pair: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+            return total + _chunk_loss(logits_of, head, *pair), None
+
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (tiled_h, tiled_t))
+        return total, (head, tiled_h, tiled_t)
+
+    def backward(residuals: tuple[Any, jax.Array, jax.Array], cotangent: jax.Array) -> tuple[Any, jax.Array, None]:
+        head, tiled_h, tiled_t = residuals
+
+        def body(grads: Any, pair: tuple[jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
+            h, t = pair
+            _, vjp = jax.vjp(lambda p, x: _chunk_loss(logits_of, p, x, t), head, h)
+            head_grad, hidden_grad = vjp(jnp.ones((), jnp.float32))
+            return jax.tree.map(jnp.add, grads, head_grad), _placed(hidden_grad, _CHUNK_HIDDEN, "chunk_hidden")
+
+        zeros = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=jnp.float32), head)  # on the head's sharding
+        head_grads, hidden_grads = jax.lax.scan(body, zeros, (tiled_h, tiled_t))
+        head_grads = jax.tree.map(lambda p, g: (g * cotangent).astype(p.dtype), head, head_grads)
+        hidden_grads = _reshaped(hidden_grads * cotangent, (batch, seq, embed), _HIDDEN, "hidden")
+        return head_grads, hidden_grads.astype(tiled_h.dtype), None
+
+    @jax.custom_vjp
+    def summed(head: Any, h: jax.Array, t: jax.Array) -> jax.Array:
+        return forward(head, h, t)[0]
+
+    summed.defvjp(forward, backward)
+    return summed(head, hidden, targets) / (batch * seq)
