@@ -44,6 +44,10 @@ REMAT_POLICIES = (
 )
 
 
+# MaxText's FSDP mesh axes (its `FSDP_MESH_AXES`): what its gather-once options gather weights over.
+FSDP_AXES = ("fsdp", "fsdp_transpose")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PipelineSettings:
     """Pipeline parallelism: layers split over the `stage_axis` mesh axis, the batch into `microbatches`, the
@@ -61,7 +65,7 @@ class PipelineSettings:
     @property
     def gathered_once(self) -> tuple[str, ...]:
         """The mesh axes the stack's weights are gathered over once, before the schedule (MaxText's names)."""
-        return ("fsdp", "fsdp_transpose") if self.fsdp_gather_once else ()
+        return FSDP_AXES if self.fsdp_gather_once else ()
 
 
 @dataclass(frozen=True, kw_only=True)

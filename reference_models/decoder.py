@@ -175,10 +175,7 @@ class Decoder(nn.Module):
         head alone (a tiled loss's chunks); with `vocab_tiles` > 1, a step's hidden states before the head
         (MaxText's decoder returns them for its tiled loss)."""
         cfg = self.config
-        if head_only:
-            x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
-            return DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
-        stacks = layer_stacks(cfg)
+        stacks = () if head_only else layer_stacks(cfg)
         outer = current_context()
         for stack in stacks:
             layout = pipeline_layout(cfg, stack) if stack is stacks[-1] else None
@@ -208,11 +205,11 @@ class Decoder(nn.Module):
                     policy = remat_policy(cfg.remat, cfg.remat_custom)
                     layer = nn.remat(stack.layer, prevent_cse=False, policy=policy)
                 x, _ = _scanned(layer, stack)(cfg, **stack.options, name=stack.name)(x, None)
-        if cfg.vocab_tiles > 1 and not self.is_initializing():
+        if cfg.vocab_tiles > 1 and not head_only and not self.is_initializing():
             return x
         x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
         logits = DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
-        out = explicit_spec(_LOGITS)
+        out = None if head_only else explicit_spec(_LOGITS)  # a chunk's logits are placed by the tiled loss
         return logits if out is None else jax.sharding.reshard(logits, out)
 
     def _in_order(self, x: jax.Array, stack: LayerStack, layout: PipelineLayout) -> jax.Array:
@@ -274,9 +271,13 @@ class Transformer(nn.Module):
             return decoder(Embed(self.config, name="token_embedder")(tokens))
 
 
-def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean cross-entropy of `targets` under `logits` (computed in float32)."""
+def target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Each target's log-probability under `logits` [..., vocab] (computed in float32)."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     # A one-hot product instead of a gather: it works whatever the vocabulary's sharding (ep-tp splits it).
-    picked = jnp.sum(log_probs * jax.nn.one_hot(targets, logits.shape[-1], dtype=log_probs.dtype), axis=-1)
-    return -jnp.mean(picked)
+    return jnp.sum(log_probs * jax.nn.one_hot(targets, logits.shape[-1], dtype=log_probs.dtype), axis=-1)
+
+
+def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean cross-entropy of `targets` under `logits`."""
+    return -jnp.mean(target_log_probs(logits, targets))

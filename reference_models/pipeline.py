@@ -50,7 +50,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from reference_models.sharding import ShardingContext, ambient_mesh, constrain, entry_axes, place
+from reference_models.sharding import ShardingContext, ambient_mesh, constrain, entry_axes, place, without_axes
 
 # Applies one layer: (that layer's params, hidden [batch, seq, embed], its index within a visit) -> hidden.
 LayerFn = Callable[[Any, jax.Array, int], jax.Array]
@@ -162,7 +162,7 @@ def run_pipeline(
         # MaxText's pipeline_fsdp_ag_once: the whole stack gathered over fsdp before the schedule's loop, so
         # no step gathers a layer's weights again; its gradient is reduce-scattered back once.
         params = jax.tree.map(
-            lambda p, spec: place(context, p, _without_axes(spec, settings.gathered_once)), params, stored_specs
+            lambda p, spec: place(context, p, without_axes(spec, settings.gathered_once)), params, stored_specs
         )
 
     # Varying-axis checks stay off here: with them on, the residuals a nested shard_map (the MoE's) saves
@@ -315,15 +315,6 @@ def _reshape_as(
     if not context.explicit:
         return x.reshape(shape)
     return jax.lax.reshape(x, shape, out_sharding=adjust(context.resolve(logical)))
-
-
-def _without_axes(spec: PartitionSpec, axes: tuple[str, ...]) -> PartitionSpec:
-    """`spec` with `axes` taken out of every entry (an entry left with none is replicated)."""
-    entries = []
-    for entry in spec:
-        kept = tuple(name for name in entry_axes(entry) if name not in axes)
-        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
-    return PartitionSpec(*entries)
 
 
 def _split_beyond(array: jax.Array, stage_axis: str) -> bool:

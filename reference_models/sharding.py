@@ -112,6 +112,15 @@ def entry_axes(entry: str | Sequence[str] | None) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def without_axes(spec: jax.sharding.PartitionSpec, axes: tuple[str, ...]) -> jax.sharding.PartitionSpec:
+    """`spec` with `axes` taken out of every entry (an entry left with none is replicated)."""
+    entries = []
+    for entry in spec:
+        kept = tuple(name for name in entry_axes(entry) if name not in axes)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return jax.sharding.PartitionSpec(*entries)
+
+
 def is_explicit(mesh: jax.sharding.Mesh) -> bool:
     """Whether the mesh's axes are of type Explicit (shardings are part of array types)."""
     return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)

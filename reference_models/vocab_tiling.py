@@ -16,7 +16,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from reference_models.sharding import current_context, place
+from reference_models.config import FSDP_AXES
+from reference_models.decoder import target_log_probs
+from reference_models.sharding import current_context, place, without_axes
 
 # MaxText's logical names for the loss's values (`vocabulary_tiling.py`); `num_tile` has no rule in base.yml.
 _HIDDEN = ("activation_embed_and_logits_batch", "activation_length", "activation_embed")
@@ -26,7 +28,6 @@ _TILED_TARGETS = ("num_tile", "activation_embed_and_logits_batch_sequence")
 _CHUNK_HIDDEN = ("activation_embed_and_logits_batch_sequence", "activation_embed")
 _CHUNK_TARGETS = ("activation_embed_and_logits_batch_sequence",)
 _CHUNK_LOGITS = ("activation_embed_and_logits_batch_sequence", "activation_vocab")
-FSDP_AXES = ("fsdp", "fsdp_transpose")  # what MaxText's `all_gather_over_fsdp` gathers over
 
 Logits = Callable[[Any, jax.Array], jax.Array]  # (head parameters, hidden [tokens, embed]) -> [tokens, vocab]
 
@@ -60,13 +61,7 @@ def gathered_over_fsdp(params: Any, logical: Any) -> Any:
         return params
 
     def gather(param: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-        spec = context.resolve(axes)
-        kept = []
-        for entry in spec:
-            names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-            rest = tuple(name for name in names if name not in FSDP_AXES)
-            kept.append(rest[0] if len(rest) == 1 else (rest or None))
-        return place(context, param, jax.sharding.PartitionSpec(*kept))
+        return place(context, param, without_axes(context.resolve(axes), FSDP_AXES))
 
     return jax.tree.map(gather, params, logical, is_leaf=lambda node: isinstance(node, tuple))
 
@@ -76,9 +71,7 @@ def _chunk_loss(logits_of: Logits, head: Any, hidden: jax.Array, targets: jax.Ar
     hidden = _placed(hidden, _CHUNK_HIDDEN, "chunk_hidden")
     targets = _placed(targets, _CHUNK_TARGETS, "chunk_targets")
     logits = _placed(logits_of(head, hidden), _CHUNK_LOGITS, "chunk_logits")
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    picked = jnp.sum(log_probs * jax.nn.one_hot(targets, logits.shape[-1], dtype=log_probs.dtype), axis=-1)
-    return -jnp.sum(picked)
+    return -jnp.sum(target_log_probs(logits, targets))
 
 
 def tiled_next_token_loss(logits_of: Logits, head: Any, hidden: jax.Array, targets: jax.Array, tiles: int) -> jax.Array:

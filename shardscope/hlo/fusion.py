@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from shardscope.hlo.executions import Program
 from shardscope.hlo.records import Instruction
 
-__all__ = ["conversions_into_matmuls"]
+__all__ = ["conversions_into_matmuls", "fused_opcodes"]
 
 # What an op may do and still only convert or lay out its data: the TPU's matmul does it as it reads or
 # writes. A fusion is such an op when every op it runs is one of these (its parameters and tuples aside).
@@ -30,7 +30,7 @@ _VIEWS = frozenset({"bitcast", "get-tuple-element"})
 _MATRIX_KINDS = frozenset({"matmul", "grouped", "kernel"})
 
 
-def _opcodes(program: Program, instruction: Instruction) -> set[str]:
+def fused_opcodes(program: Program, instruction: Instruction) -> set[str]:
     """The ops an instruction runs: itself, or every op of a fusion's computations."""
     if instruction.opcode != "fusion":
         return {instruction.opcode}
@@ -67,7 +67,7 @@ def conversions_into_matmuls(
     candidates = {
         i.name
         for i in instructions
-        if kinds.get(i.name) == "memory" and (ops := _opcodes(program, i)) and ops <= _CONVERSION_OPS
+        if kinds.get(i.name) == "memory" and (ops := fused_opcodes(program, i)) and ops <= _CONVERSION_OPS
     }
     matrix = {name for name, kind in kinds.items() if kind in _MATRIX_KINDS}
     found: set[str] = set()

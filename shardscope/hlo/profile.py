@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardscope.hlo.executions import Program
-from shardscope.hlo.fusion import conversions_into_matmuls
+from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes
 from shardscope.hlo.metadata import pass_of, split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info, tuple_elements
@@ -205,17 +205,7 @@ def _grouped(program: Program, instruction: Instruction) -> bool:
 
 def _moves_rows(program: Program, instruction: Instruction) -> bool:
     """Whether an op gathers or scatters rows by index: it is a gather or scatter, or a fusion running one."""
-    if instruction.opcode in _ROW_OPS:
-        return True
-    if instruction.opcode != "fusion":
-        return False
-    pending = [callee for attribute, callee in instruction.callees() if attribute == "calls"]
-    while pending:
-        for inner in program.instructions(pending.pop()):
-            if inner.opcode in _ROW_OPS:
-                return True
-            pending += [callee for attribute, callee in inner.callees() if attribute == "calls"]
-    return False
+    return bool(fused_opcodes(program, instruction) & _ROW_OPS)
 
 
 def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
