@@ -121,7 +121,7 @@ def without_axes(spec: jax.sharding.PartitionSpec, axes: tuple[str, ...]) -> jax
     return jax.sharding.PartitionSpec(*entries)
 
 
-def is_explicit(mesh: jax.sharding.Mesh) -> bool:
+def is_explicit(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh) -> bool:
     """Whether the mesh's axes are of type Explicit (shardings are part of array types)."""
     return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 

@@ -8,14 +8,22 @@ are those of MaxText's step. A stand-in in plain JAX (`attention.blockwise_causa
 that: however it is blocked, the compiler writes its scores to HBM and may keep several blocks alive at
 once (DeepSeek-V3 at 8k tokens: over 100 GB of them per device).
 
+A sequence split over mesh axes (context parallelism) runs as MaxText's default strategy does
+(`context_parallel_strategy=all_gather`): each device keeps its own queries, the keys and values are
+gathered whole, and the kernel runs its shard of the causal mask (`q_seq_shards`). MaxText also reorders
+the tokens so that every shard holds an early and a late chunk (`context_parallel_load_balance`), which
+evens the kernel's work across devices; the reference models keep the order (the mask is the plain causal
+one, the same function), and the cost model prices the kernel's blocks as the balanced shards visit them.
+
 Only a compile for a TPU can lower the kernel; elsewhere (`None`) the stand-in runs, as it does where the
-kernel's shard_map would not be MaxText's (a sequence split over a mesh axis, which MaxText runs with ring
-or all-gather variants; a head dimension split over one) or where its blocks do not tile the sequence.
+kernel's shard_map would not be MaxText's (a head dimension split over a mesh axis) or where its blocks do
+not tile the sequence.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -23,7 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from reference_models.config import DecoderConfig
-from reference_models.sharding import ambient_mesh, current_context, entry_axes, place
+from reference_models.sharding import ambient_mesh, current_context, entry_axes, is_explicit, place
 
 _LANES = 128  # a TPU vector register's lanes: the kernel's blocks are multiples of it
 
@@ -39,25 +47,105 @@ def splash_attention(
     spec = tuple(context.resolve(logical)) + (None,) * 4
     batch, length, heads, dim = spec[:4]
     sizes = context.mesh.shape
-    if any(sizes[axis] > 1 for axis in (*entry_axes(length), *entry_axes(dim))):
+    if any(sizes[axis] > 1 for axis in entry_axes(dim)):
         return None
     seq = q.shape[1]
     blocks = {name: min(size, seq) for name, size in config.splash_block_sizes.items()}
-    if any(seq % size or size % _LANES for size in blocks.values()):
+    shards = math.prod(sizes[axis] for axis in entry_axes(length))
+    if any(seq % size or size % _LANES or (seq // shards) % size for size in blocks.values()):
         # MaxText pads the sequence to whole blocks; the reference models do not. The kernel's blocks are
-        # whole vector lanes (sequences shorter than one lane: the tiny models).
+        # whole vector lanes (sequences shorter than one lane: the tiny models), and tile each shard.
         return None
+    fused_backward = config.attention_fused_backward
+    if shards > 1:
+        return context_parallel_splash(
+            q,
+            k,
+            v,
+            mesh=ambient_mesh(context),
+            spec=(batch, length, heads),
+            scale=scale,
+            blocks=blocks,
+            fused_backward=fused_backward,
+        )
     outer = PartitionSpec(batch, None, heads, None)
-    run = functools.partial(
-        local_splash_attention,
-        scale=scale,
-        blocks=blocks,
-        fused_backward=config.attention_fused_backward,
-    )
+    run = functools.partial(local_splash_attention, scale=scale, blocks=blocks, fused_backward=fused_backward)
     if context.explicit:
         q, k, v = (place(context, x, outer) for x in (q, k, v))
     sharded = jax.shard_map(run, mesh=ambient_mesh(context), in_specs=(outer,) * 3, out_specs=outer, check_vma=False)
     return sharded(q, k, v)
+
+
+def context_parallel_splash(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    mesh: jax.sharding.Mesh | None,
+    spec: tuple[Any, ...],
+    scale: float,
+    blocks: dict[str, int],
+    fused_backward: bool,
+    interpret: bool = False,
+) -> jax.Array:
+    """The kernel over queries split along the sequence (`spec`: the mesh axes of q's batch, length and
+    heads): MaxText's all-gather strategy. The kernel is made for the whole causal mask, cut into as many
+    query shards as the sequence has, and its mask metadata goes into the shard_map split as the queries
+    are, so that each device runs its own rows of the mask. `mesh` None: the ambient one (while tracing
+    under `jax.set_mesh`)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+    batch, length, heads = spec
+    sizes = (mesh or jax.sharding.get_abstract_mesh()).shape
+    seq, num_heads = q.shape[1], q.shape[2]
+    mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((seq, seq))] * num_heads)
+    kernel = kernel_lib.make_splash_mha(
+        mask,
+        block_sizes=_block_sizes(blocks, fused_backward),
+        head_shards=math.prod(sizes[axis] for axis in entry_axes(heads)),
+        q_seq_shards=math.prod(sizes[axis] for axis in entry_axes(length)),
+        residual_checkpoint_name="context",
+        interpret=interpret,
+    )
+    metadata = kernel.manual_sharding_spec(_named(mesh, PartitionSpec(heads, length)))
+    queries = PartitionSpec(batch, length, heads, None)
+    whole = PartitionSpec(batch, None, heads, None)  # the keys and values, gathered along the sequence
+    if is_explicit(mesh or jax.sharding.get_abstract_mesh()):
+        # With explicit axes a shard_map takes its inputs as their types place them: they (and the kernel's
+        # metadata, made whole on every device) are moved first, as MaxText does.
+        kernel = jax.tree.map(
+            lambda array, split: array if split is None else jax.sharding.reshard(array, _named(mesh, split)),
+            kernel,
+            metadata,
+            is_leaf=lambda x: x is None,
+        )
+        q = jax.sharding.reshard(q, _named(mesh, queries))
+        k, v = (jax.sharding.reshard(x, _named(mesh, whole)) for x in (k, v))
+
+    def run(kernel: Any, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in ((q * scale).astype(q.dtype), k, v))
+        return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
+
+    sharded = jax.shard_map(
+        run, mesh=mesh, in_specs=(metadata, queries, whole, whole), out_specs=queries, check_vma=False
+    )
+    return sharded(kernel, q, k, v)
+
+
+def _named(mesh: jax.sharding.Mesh | None, spec: PartitionSpec) -> jax.sharding.NamedSharding:
+    """A sharding on `mesh`, or on the ambient mesh's axes (only its shape is read from it here)."""
+    return jax.sharding.NamedSharding(mesh if mesh is not None else jax.sharding.get_abstract_mesh(), spec)
+
+
+def _block_sizes(blocks: dict[str, int], fused_backward: bool) -> Any:
+    """The kernel's block sizes; the fused backward kernel has no query-gradient blocks of its own."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+
+    sizes: dict[str, Any] = {
+        f"block_{name}": size for name, size in blocks.items() if not (fused_backward and name.endswith("_dq"))
+    }
+    return kernel_lib.BlockSizes(**sizes, use_fused_bwd_kernel=fused_backward)
 
 
 def local_splash_attention(
@@ -75,11 +163,7 @@ def local_splash_attention(
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
-    # The fused backward kernel has no query-gradient blocks of its own.
-    sizes: dict[str, Any] = {
-        f"block_{name}": size for name, size in blocks.items() if not (fused_backward and name.endswith("_dq"))
-    }
-    block_sizes = kernel_lib.BlockSizes(**sizes, use_fused_bwd_kernel=fused_backward)
+    block_sizes = _block_sizes(blocks, fused_backward)
     seq = q.shape[1]
     # The kernel takes [heads, seq, dim] per sequence and does not scale the queries.
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in ((q * scale).astype(q.dtype), k, v))

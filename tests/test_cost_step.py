@@ -339,6 +339,27 @@ def test_a_kernel_of_longer_query_blocks_than_key_blocks_visits_its_causal_block
     assert causal_block_fraction(5) == 6 / 10  # the square grid's (n + 1) / 2n
 
 
+def test_queries_split_along_the_sequence_visit_the_whole_grids_causal_blocks_on_average():
+    # Context parallelism over 2 devices: each runs 512 queries against all 1024 keys, a [2 × 4] grid of its
+    # shard of the [4 × 4] causal mask. The shards visit 3 and 7 of their 8 blocks; balanced (MaxText's token
+    # order), each does the average, 10 of the whole grid's 16 blocks: half the unsplit kernel's FLOPs.
+    split = SPLASH.replace("mask = s8[1,4,4]", "mask = s8[1,2,4]").replace(
+        "q = bf16[1,2,1024,64]", "q = bf16[1,2,512,64]"
+    )
+    one_matmul = 2 * 1 * 2 * 512 * 1024 * 64
+    flops = sum(entry.flops for entry in work_profile(read_module(split)) if entry.kind == "kernel")
+    assert flops == round((2 + 4) * one_matmul * 10 / 16)
+    whole = sum(entry.flops for entry in work_profile(read_module(SPLASH)) if entry.kind == "kernel")
+    assert 2 * flops == whole
+
+
+def test_a_kernel_whose_batch_of_one_the_compiler_dropped_counts_the_same():
+    # q, k and v as [heads, length, head dim]: a batch of one on the device, folded away.
+    rank3 = SPLASH.replace("bf16[1,2,1024,64]{3,2,1,0}", "bf16[2,1024,64]{2,1,0}")
+    flops = [sum(e.flops for e in work_profile(read_module(text)) if e.kind == "kernel") for text in (rank3, SPLASH)]
+    assert flops[0] == flops[1] > 0
+
+
 def test_a_kernel_with_narrower_value_heads_counts_them_where_values_enter():
     # MLA's values are narrower than its queries and keys: of the forward kernel's two matmuls one is over the
     # query/key head dimension (64 here), one over the value's (32); of the key/value gradient's four, two each.

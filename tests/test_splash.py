@@ -93,3 +93,85 @@ def test_a_kernel_over_its_vector_memory_is_one_line_naming_the_limit(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs more vector memory" in lines[0] and "scoped_vmem_limit_kib" in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_queries_split_along_the_sequence_run_their_own_rows_of_the_causal_mask(axis_type):
+    # Context parallelism as MaxText's all-gather strategy runs it: each device keeps its queries, the keys
+    # and values are gathered whole, and the kernel runs its shard of the causal mask. Values and gradients
+    # equal the reference attention (Pallas' interpreter on fake CPU devices).
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from reference_models.splash import context_parallel_splash
+
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices")
+    kind = getattr(jax.sharding.AxisType, axis_type)
+    mesh = jax.make_mesh((2, 2), ("data", "context"), devices=jax.devices()[:4], axis_types=(kind, kind))
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    q = jax.random.normal(keys[0], (2, 512, 4, 128), jnp.float32)
+    k = jax.random.normal(keys[1], (2, 512, 2, 128), jnp.float32)
+    v = jax.random.normal(keys[2], (2, 512, 2, 128), jnp.float32)
+    whole = (q, k, v)  # the reference runs on one device
+    q, k, v = (jax.device_put(x, NamedSharding(mesh, PartitionSpec("data", "context"))) for x in whole)
+    blocks = dict.fromkeys(("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq"), 128)
+    scale = 128**-0.5
+
+    def kernel(q, k, v):
+        return context_parallel_splash(
+            q,
+            k,
+            v,
+            mesh=mesh,
+            spec=("data", "context", None),
+            scale=scale,
+            blocks=blocks,
+            fused_backward=False,
+            interpret=True,
+        )
+
+    out = jax.jit(kernel)(q, k, v)
+    assert out.sharding.spec[:2] == ("data", "context")
+    np.testing.assert_allclose(out, causal_attention(*whole, scale), atol=2e-5)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(kernel(*a) ** 2), argnums=(0, 1, 2)))(q, k, v)
+    expected = jax.grad(lambda *a: jnp.sum(causal_attention(*a, scale) ** 2), argnums=(0, 1, 2))(*whole)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5 * float(jnp.abs(want).max()))
+
+
+_BLOCKS_128 = " ".join(
+    f"sa_block_{name}=128" for name in ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
+)
+
+
+def _tiny_plan(tmp_path, name: str, mesh: str) -> dict:
+    import json
+
+    out = tmp_path / f"{name}.json"
+    maxtext = f"{mesh} max_target_length=1024 attention=flash per_device_batch_size=1 {_BLOCKS_128}"
+    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", "v5p-8", "--no-cache"]
+    subprocess.run([*command, "--maxtext", maxtext, "-o", str(out)], capture_output=True, text=True, check=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+def test_context_parallelism_runs_the_kernel_on_each_devices_queries_against_gathered_keys(tmp_path):
+    # 4 sequences of 1024 tokens on 4 devices: split by sequence (fsdp 4) or by 2 sequences × 2 halves of
+    # each (fsdp 2, context 2). The kernel runs in both (no stand-in), and each device does the same
+    # attention work: half the rows of the causal mask of 2 sequences is the whole mask of one.
+    plans = {
+        name: _tiny_plan(tmp_path, name, mesh)
+        for name, mesh in (
+            ("batch", "ici_fsdp_parallelism=-1"),
+            ("context", "ici_fsdp_parallelism=-1 ici_context_parallelism=2"),
+        )
+    }
+    work = {
+        name: sum(e["flops"] * e["executions"] for e in plan["work"] if e["kind"] == "kernel")
+        for name, plan in plans.items()
+    }
+    assert work["context"] == work["batch"] > 0
+    # The keys and values are gathered over the context axis (forward, and again in the recomputed forward),
+    # their gradients summed back over it.
+    context_ops = {row["op"] for row in plans["context"]["collectives"] if row["axes"] == ["context"]}
+    assert "all-gather" in context_ops

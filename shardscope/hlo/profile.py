@@ -143,11 +143,14 @@ _KERNEL_MATMULS = {"fwd": (1, 1), "dq": (2, 1), "dkv": (2, 2), "bwd": (3, 2)}
 
 
 def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
-    """FLOPs of one run of a Pallas attention kernel (None: not one). q, k and v are its first three rank-4
-    operands ([batch, heads, length, head dim]); its block mask (an int8 [.., query blocks, key blocks]
-    operand) says how many blocks it visits: a causal mask's lower triangle, as a language model's
-    training kernel has (the mask's contents are not in the program, only its grid), on a grid of any
-    [query blocks × key blocks] over a sequence attending to itself."""
+    """FLOPs of one run of a Pallas attention kernel (None: not one). q, k and v are its first three float
+    operands of rank 4 ([batch, heads, length, head dim]; rank 3 where the compiler dropped a batch of one);
+    its block mask (an int8 [.., query blocks, key blocks] operand) says how many blocks it visits: a
+    causal mask's lower triangle, as a language model's training kernel has (the mask's contents are not
+    in the program, only its grid), on a grid of any [query blocks × key blocks] over a sequence attending
+    to itself. Queries split along the sequence (context parallelism: a fraction of the keys' length)
+    visit the lower triangle of the whole grid on average over the shards, as MaxText's load-balanced
+    token order makes every shard do."""
     if instruction.opcode != "custom-call" or "tpu_custom_call" not in (
         instruction.attribute("custom_call_target") or ""
     ):
@@ -156,15 +159,16 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     if match is None:
         return None
     arrays = [shape_info(shape) for shape in operand_shapes]
-    qk = [dims for dtype, dims, _ in arrays if len(dims) == 4 and dtype.startswith(("bfloat16", "float"))]
+    floats = [dims for dtype, dims, _ in arrays if len(dims) in (3, 4) and dtype.startswith(("bfloat16", "float"))]
+    qk = [dims if len(dims) == 4 else (1, *dims) for dims in floats if len(dims) == len(floats[0])]
     if len(qk) < 2:
         return None
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
     value_dim = qk[2][3] if len(qk) > 2 else dim
     grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
     visited = 1.0
-    if grid is not None and queries == keys and min(grid) > 0:
-        visited = causal_block_fraction(grid[0], grid[1])
+    if grid is not None and keys % queries == 0 and min(grid) > 0:
+        visited = causal_block_fraction(grid[0] * keys // queries, grid[1])
     kind = match.group(1)
     if kind == "dkv" and _gradient_outputs(instruction.shape) >= 3:
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
