@@ -305,3 +305,25 @@ def test_vocab_tiling_recomputes_each_chunks_logits_in_the_backward_pass():
 def test_vocab_tiles_that_do_not_divide_the_batchs_tokens_are_refused():
     with pytest.raises(ShardscopeError, match=r"model.vocab_tiles=3 .*does not divide the batch's 256 tokens"):
         resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{TINY} ici_fsdp_parallelism=-1 num_vocab_tiling=3")
+
+
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+def test_the_tiled_losss_head_gradient_stays_split_over_fsdp(tmp_path):
+    # The head is gathered over fsdp for the tiled loss; its gradient is summed over the devices per chunk and
+    # added into an accumulator split as the parameter is stored (as the TPU compiler arranges MaxText's
+    # program). Nothing gathers the float32 gradient back to the head's whole shape.
+    import json
+
+    from reference_models import MODELS
+
+    model = MODELS["llama-tiny"]
+    out = tmp_path / "plan.json"
+    words = "ici_fsdp_parallelism=-1 max_target_length=256 per_device_batch_size=2 num_vocab_tiling=4"
+    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", "v5p-8", "--no-cache"]
+    subprocess.run([*command, "--maxtext", words, "-o", str(out)], capture_output=True, text=True, check=True)
+    rows = json.loads(out.read_text())["collectives"]
+    head = [model.embed_dim, model.vocab_size]
+    gathered = [row for row in rows if row["op"] == "all-gather" and row["shape"][-2:] == head]
+    assert gathered and all(row["dtype"] == "bfloat16" for row in gathered), gathered  # the weights, for the matmuls
+    summed = [row for row in rows if row["op"] in ("all-reduce", "reduce-scatter") and row["shape"][-2:] == head]
+    assert summed and all(row["loop_trips"] == 4 for row in summed), summed  # once per chunk

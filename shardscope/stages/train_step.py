@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from reference_models.decoder import HEAD_PARAMS, Transformer, next_token_loss
-from reference_models.vocab_tiling import gathered_over_fsdp, tiled_next_token_loss
+from reference_models.vocab_tiling import gathered_over_fsdp, split_over_fsdp, tiled_next_token_loss
 from shardscope.case.resolve import Case
 
 
@@ -36,8 +37,10 @@ def make_loss(case: Case):
         if tiles == 1:
             return next_token_loss(out, batch["targets"])
         head = {"decoder": {name: params["decoder"][name] for name in HEAD_PARAMS}}
-        head = gathered_over_fsdp(head, {"decoder": HEAD_PARAMS})
-        return tiled_next_token_loss(logits_of, head, out, batch["targets"], tiles)
+        logical = {"decoder": HEAD_PARAMS}
+        head = gathered_over_fsdp(head, logical)
+        split = functools.partial(split_over_fsdp, logical=logical)
+        return tiled_next_token_loss(logits_of, head, out, batch["targets"], tiles, split)
 
     return loss_of
 
