@@ -360,6 +360,21 @@ def test_a_kernel_whose_batch_of_one_the_compiler_dropped_counts_the_same():
     assert flops[0] == flops[1] > 0
 
 
+def test_a_fused_backward_kernel_is_told_by_its_three_gradients_with_or_without_a_batch():
+    # The fused backward kernel returns the queries' gradient too (dq, dk, dv beside [block × dim] scratch):
+    # five matmuls per block, where the key/value kernel runs four. Its batch of one folded away, the
+    # gradients are [heads, length, dim].
+    dkv = "splash_mha_dkv_block_q_dkv_256.1 = (bf16[1,2,1024,64]{3,2,1,0}, bf16[1,2,1024,64]{3,2,1,0})"
+    fused = "splash_mha_dkv_block_q_dkv_256.1 = (f32[256,64]{1,0}, bf16[1,2,1024,64]{3,2,1,0}, "
+    fused += "bf16[1,2,1024,64]{3,2,1,0}, bf16[1,2,1024,64]{3,2,1,0})"
+    with_batch = SPLASH.replace(dkv, fused)
+    folded = with_batch.replace("bf16[1,2,1024,64]{3,2,1,0}", "bf16[2,1024,64]{2,1,0}")
+    one_matmul = 2 * 1 * 2 * 1024 * 1024 * 64
+    for text in (with_batch, folded):
+        flops = sum(entry.flops for entry in work_profile(read_module(text)) if entry.kind == "kernel")
+        assert flops == round((2 + 5) * one_matmul * 10 / 16)
+
+
 def test_a_kernel_with_narrower_value_heads_counts_them_where_values_enter():
     # MLA's values are narrower than its queries and keys: of the forward kernel's two matmuls one is over the
     # query/key head dimension (64 here), one over the value's (32); of the key/value gradient's four, two each.

@@ -187,10 +187,11 @@ def causal_block_fraction(query_blocks: int, key_blocks: int | None = None) -> f
 
 
 def _gradient_outputs(shape: str) -> int:
-    """How many of a kernel's results are gradient arrays (float, rank 4 or more; the rest is scratch)."""
+    """How many of a kernel's results are gradient arrays (float, rank 3 or more: [heads, length, head dim]
+    with or without a batch; the rest, [block, head dim], is scratch)."""
     parts = tuple_elements(shape.strip()) if shape.strip().startswith("(") else [shape]
     arrays = [shape_info(part) for part in parts]
-    return sum(1 for dtype, dims, _ in arrays if len(dims) >= 4 and dtype.startswith(("bfloat16", "float")))
+    return sum(1 for dtype, dims, _ in arrays if len(dims) >= 3 and dtype.startswith(("bfloat16", "float")))
 
 
 def _grouped(program: Program, instruction: Instruction) -> bool:
