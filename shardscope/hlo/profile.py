@@ -170,7 +170,7 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     if grid is not None and keys % queries == 0 and min(grid) > 0:
         visited = causal_block_fraction(grid[0] * keys // queries, grid[1])
     kind = match.group(1)
-    if kind == "dkv" and _gradient_outputs(instruction.shape) >= 3:
+    if kind == "dkv" and _gradient_outputs(instruction.shape, floats) >= 3:
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
     over_qk, over_v = _KERNEL_MATMULS[kind]
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
@@ -186,12 +186,18 @@ def causal_block_fraction(query_blocks: int, key_blocks: int | None = None) -> f
     return seen / (query_blocks * keys)
 
 
-def _gradient_outputs(shape: str) -> int:
-    """How many of a kernel's results are gradient arrays (float, rank 3 or more: [heads, length, head dim]
-    with or without a batch; the rest, [block, head dim], is scratch)."""
+def _gradient_outputs(shape: str, inputs: Sequence[tuple[int, ...]]) -> int:
+    """How many of a kernel's results are gradients of its `inputs` (q, k, v): float arrays ending in an
+    input's [heads, length, head dim] (with or without a batch, or partial sums stacked in front); the
+    rest, [.., block, head dim], is scratch."""
     parts = tuple_elements(shape.strip()) if shape.strip().startswith("(") else [shape]
     arrays = [shape_info(part) for part in parts]
-    return sum(1 for dtype, dims, _ in arrays if len(dims) >= 3 and dtype.startswith(("bfloat16", "float")))
+    ends = {tuple(dims[-3:]) for dims in inputs}
+    return sum(
+        1
+        for dtype, dims, _ in arrays
+        if len(dims) >= 3 and tuple(dims[-3:]) in ends and dtype.startswith(("bfloat16", "float"))
+    )
 
 
 def _grouped(program: Program, instruction: Instruction) -> bool:
