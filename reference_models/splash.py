@@ -96,20 +96,16 @@ def context_parallel_splash(
     the backward pass gathers them again and reduce-scatters their gradients. (Gathered at the shard_map's
     edge instead, the compiler kept the gathered copy of every layer: 35 GiB more per device for Llama 3.1
     70B at 128k tokens.) `mesh` None: the ambient one (while tracing under `jax.set_mesh`)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
-
     batch, length, heads = spec
     sizes = (mesh or jax.sharding.get_abstract_mesh()).shape
-    seq, num_heads = q.shape[1], q.shape[2]
-    mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((seq, seq))] * num_heads)
-    kernel = kernel_lib.make_splash_mha(
-        mask,
-        block_sizes=_block_sizes(blocks, fused_backward),
+    kernel = _causal_kernel(
+        q.shape[1],
+        q.shape[2],
+        blocks,
+        fused_backward,
+        interpret,
         head_shards=math.prod(sizes[axis] for axis in entry_axes(heads)),
         q_seq_shards=math.prod(sizes[axis] for axis in entry_axes(length)),
-        residual_checkpoint_name="context",
-        interpret=interpret,
     )
     metadata = kernel.manual_sharding_spec(_named(mesh, PartitionSpec(heads, length)))
     queries = PartitionSpec(batch, length, heads, None)
@@ -126,8 +122,7 @@ def context_parallel_splash(
 
     def run(kernel: Any, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         k, v = (jax.lax.all_gather(x, entry_axes(length), axis=1, tiled=True) for x in (k, v))
-        q, k, v = (jnp.swapaxes(x, 1, 2) for x in ((q * scale).astype(q.dtype), k, v))
-        return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
+        return _run_kernel(kernel, q, k, v, scale)
 
     sharded = jax.shard_map(
         run, mesh=mesh, in_specs=(metadata, queries, queries, queries), out_specs=queries, check_vma=False
@@ -140,14 +135,39 @@ def _named(mesh: jax.sharding.Mesh | None, spec: PartitionSpec) -> jax.sharding.
     return jax.sharding.NamedSharding(mesh if mesh is not None else jax.sharding.get_abstract_mesh(), spec)
 
 
-def _block_sizes(blocks: dict[str, int], fused_backward: bool) -> Any:
-    """The kernel's block sizes; the fused backward kernel has no query-gradient blocks of its own."""
+def _causal_kernel(
+    seq: int,
+    heads: int,
+    blocks: dict[str, int],
+    fused_backward: bool,
+    interpret: bool,
+    head_shards: int = 1,
+    q_seq_shards: int = 1,
+) -> Any:
+    """The splash kernel of a causal mask over `seq` tokens and `heads` heads, tiled as `blocks` say (the
+    fused backward kernel has no query-gradient blocks of its own), its mask cut into the given shards."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
     sizes: dict[str, Any] = {
         f"block_{name}": size for name, size in blocks.items() if not (fused_backward and name.endswith("_dq"))
     }
-    return kernel_lib.BlockSizes(**sizes, use_fused_bwd_kernel=fused_backward)
+    return kernel_lib.make_splash_mha(
+        mask_lib.MultiHeadMask([mask_lib.CausalMask((seq, seq))] * heads),
+        block_sizes=kernel_lib.BlockSizes(**sizes, use_fused_bwd_kernel=fused_backward),
+        head_shards=head_shards,
+        q_seq_shards=q_seq_shards,
+        # MaxText names the kernel's residuals as the attention result, for its remat policies.
+        residual_checkpoint_name="context",
+        interpret=interpret,
+    )
+
+
+def _run_kernel(kernel: Any, q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
+    """The kernel over q [batch, seq, heads, dim], k and v: it takes [heads, seq, dim] per sequence and does
+    not scale the queries."""
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in ((q * scale).astype(q.dtype), k, v))
+    return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
 
 
 def local_splash_attention(
@@ -162,21 +182,5 @@ def local_splash_attention(
 ) -> jax.Array:
     """The kernel on one device's q [batch, seq, heads, dim], k and v: causal, queries scaled by `scale`.
     `interpret` runs the kernel in Pallas' interpreter (any backend; for tests)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
-
-    block_sizes = _block_sizes(blocks, fused_backward)
-    seq = q.shape[1]
-    # The kernel takes [heads, seq, dim] per sequence and does not scale the queries.
-    q, k, v = (jnp.swapaxes(x, 1, 2) for x in ((q * scale).astype(q.dtype), k, v))
-    mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((seq, seq))] * q.shape[1])
-    kernel = kernel_lib.make_splash_mha(
-        mask,
-        block_sizes=block_sizes,
-        head_shards=1,
-        q_seq_shards=1,
-        # MaxText names the kernel's residuals as the attention result, for its remat policies.
-        residual_checkpoint_name="context",
-        interpret=interpret,
-    )
-    return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
+    kernel = _causal_kernel(q.shape[1], q.shape[2], blocks, fused_backward, interpret)
+    return _run_kernel(kernel, q, k, v, scale)

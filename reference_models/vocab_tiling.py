@@ -79,17 +79,11 @@ def _over_fsdp(params: Any, logical: Any, gathered: bool) -> Any:
             return place(context, param, stored)
         whole = without_axes(stored, FSDP_AXES)
 
-        @jax.custom_vjp
-        def gather(x: jax.Array) -> jax.Array:
+        def to_whole(x: jax.Array) -> jax.Array:
             return place(context, x, whole)
 
-        def forward(x: jax.Array) -> tuple[jax.Array, None]:
-            return place(context, x, whole), None
-
-        def backward(_: None, cotangent: jax.Array) -> tuple[jax.Array]:
-            return (place(context, cotangent, stored),)
-
-        gather.defvjp(forward, backward)
+        gather = jax.custom_vjp(to_whole)
+        gather.defvjp(lambda x: (to_whole(x), None), lambda _, cotangent: (place(context, cotangent, stored),))
         return gather(param)
 
     return jax.tree.map(placed, params, logical, is_leaf=lambda node: isinstance(node, tuple))

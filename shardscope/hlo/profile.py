@@ -160,7 +160,7 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
         return None
     arrays = [shape_info(shape) for shape in operand_shapes]
     floats = [dims for dtype, dims, _ in arrays if len(dims) in (3, 4) and dtype.startswith(("bfloat16", "float"))]
-    qk = [dims if len(dims) == 4 else (1, *dims) for dims in floats if len(dims) == len(floats[0])]
+    qk = [dims if len(dims) == 4 else (1, *dims) for dims in floats if len(dims) == len(floats[0])] if floats else []
     if len(qk) < 2:
         return None
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
