@@ -130,7 +130,9 @@ class Embed(nn.Module):
             # the activation dtype), which runs on the matrix units, its backward pass a second matmul.
             one_hot = (tokens[..., None] == jax.lax.iota(jnp.int32, cfg.vocab_size)).astype(cfg.dtype)
             return jnp.dot(one_hot, table.astype(cfg.dtype), out_sharding=out)
-        return table.at[tokens].get(out_sharding=out).astype(cfg.dtype)
+        # MaxText casts the table to the activation dtype before the lookup, so the table's gradient is
+        # scattered and summed in that dtype (half the bytes of a float32 gradient), then cast once.
+        return table.astype(cfg.dtype).at[tokens].get(out_sharding=out)
 
 
 class MlpBlock(nn.Module):

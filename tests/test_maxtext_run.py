@@ -285,6 +285,22 @@ def test_iota_embed_looks_tokens_up_with_a_one_hot_matmul_and_its_backward_matmu
     assert matmuls <= flops["true"] - flops["false"] < 1.1 * matmuls, (flops, matmuls)
 
 
+@pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
+def test_the_embedding_tables_gradient_is_summed_in_the_activation_dtype(tmp_path):
+    # MaxText casts the table to the activation dtype before the lookup, so its gradient is scattered and summed
+    # over the batch's devices in bfloat16 (half the bytes of the float32 gradient it would be after the lookup).
+    import json
+
+    out = tmp_path / "plan.json"
+    words = f"{TINY} ici_data_parallelism=-1 ici_fsdp_parallelism=1"
+    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", "v5p-8", "--no-cache"]
+    subprocess.run([*command, "--maxtext", words, "-o", str(out)], capture_output=True, text=True, check=True)
+    rows = json.loads(out.read_text())["collectives"]
+    table = "grads/params/token_embedder/embedding"
+    summed = [row for row in rows if table in row["cause"]["tensors"]]
+    assert summed and all(row["dtype"] == "bfloat16" for row in summed), summed
+
+
 def test_vocab_tiling_recomputes_each_chunks_logits_in_the_backward_pass():
     # MaxText's num_vocab_tiling: the head's forward matmul runs once more per step (each chunk's logits are
     # recomputed to be differentiated): 2·T·E·V more FLOPs per device than the untiled loss.

@@ -4,9 +4,11 @@ The table [vocab, embed] is split on its embedding dimension; each device holds 
 partitioner has two ways to look them up, and the compiled steps take the cheaper:
 - move the tokens: gather the token ids over the axes that split the table, look each up in the local
   slice of the table, and send every token's slice back to the device that holds the token (an all-to-all
-  of [tokens, embed]); the backward pass sends the rows' gradients the same way, in the table's dtype;
-- move the table: gather it whole where it is used (in the activations' dtype) and, in the backward pass,
-  sum each device's gradient of the whole table over the token axes (an all-reduce, in the table's dtype).
+  of [tokens, embed]); the backward pass sends the rows' gradients the same way;
+- move the table: gather it whole where it is used and, in the backward pass, sum each device's gradient
+  of the whole table over the token axes (an all-reduce).
+Both ways move the activations' dtype, forward and backward: the model casts the table to it before the
+lookup, as MaxText does, so the table's gradient is summed in it and cast to the table's dtype once.
 The first moves a device's tokens × the embedding, the second the table; XLA picks the smaller (the TPU
 goldens: deepseek2-16b and llama3.1-8b move tokens, mixtral-8x7b on 256 chips moves the table).
 
@@ -62,7 +64,6 @@ def _replicated_lookup(
     tokens: int,
     embed_axes: tuple[str, ...],
     moved: str,
-    table_dtype: str,
     table: tuple[int, int],
     cause: Cause,
     grad: Cause,
@@ -77,7 +78,7 @@ def _replicated_lookup(
         held *= math.prod(sizes[a] for a in axes)
         rows.append(_row("all-gather", in_mesh_order(plan, set(axes)), (held,), _IDS_DTYPE, "forward", cause))
     rows.append(_row("all-gather", embed_axes, (held, table[1]), moved, "forward", cause))
-    rows += [_row("all-reduce", in_mesh_order(plan, set(axes)), table, table_dtype, "backward", grad) for axes in ids]
+    rows += [_row("all-reduce", in_mesh_order(plan, set(axes)), table, moved, "backward", grad) for axes in ids]
     return rows
 
 
@@ -106,7 +107,7 @@ def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[
         local = (vocab, embed // math.prod(sizes[a] for a in embed_axes))
         rows += [
             _row("all-gather", vocab_axes, local, moved, "forward", cause),
-            _row("all-reduce", vocab_axes, local, table.dtype, "backward", grad),
+            _row("all-reduce", vocab_axes, local, moved, "backward", grad),
         ]
     if not embed_axes:
         return tuple(rows)
@@ -116,7 +117,7 @@ def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[
         flat = tuple(axis for axes in ids for axis in axes)
         if flat[: len(embed_axes)] != embed_axes:
             # The ids are tiled over the devices in another order than the table: no all-to-all pairs them.
-            lookup = _replicated_lookup(plan, ids, tokens, embed_axes, moved, table.dtype, table.shape, cause, grad)
+            lookup = _replicated_lookup(plan, ids, tokens, embed_axes, moved, table.shape, cause, grad)
             return (*rows, *lookup)
         rows += [
             _row("all-gather", embed_axes, (tokens * ways,), _IDS_DTYPE, "forward", cause),
@@ -124,21 +125,21 @@ def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[
         ]
         other = in_mesh_order(plan, set(flat) - set(embed_axes) - set(vocab_axes))
         if not other:
-            return (*rows, _row("all-to-all", embed_axes, (tokens, embed), table.dtype, "backward", cause))
+            return (*rows, _row("all-to-all", embed_axes, (tokens, embed), moved, "backward", cause))
         others = math.prod(sizes[a] for a in other)
         every = in_mesh_order(plan, set(embed_axes) | set(other))
         rows.append(_row("all-gather", other, (tokens * ways * others, embed // ways), moved, "forward", cause))
         gathered = (tokens * ways * others, embed)
-        if nbytes(gathered, table.dtype) > nbytes(table.shape, table.dtype):
+        if nbytes(gathered, moved) > nbytes(table.shape, moved):
             # Fewer bytes to sum the whole table's gradient than to gather every token's (seed 003's ZeRO-1).
-            return (*rows, _row("all-reduce", every, table.shape, table.dtype, "backward", grad))
+            return (*rows, _row("all-reduce", every, table.shape, moved, "backward", grad))
         return (
             *rows,
-            _row("all-gather", every, gathered, table.dtype, "backward", grad),
-            _row("all-reduce", other, (vocab, embed // ways), table.dtype, "backward", grad),
+            _row("all-gather", every, gathered, moved, "backward", grad),
+            _row("all-reduce", other, (vocab, embed // ways), moved, "backward", grad),
         )
     rows.append(_row("all-gather", embed_axes, table.shape, moved, "forward", cause))
     summed = in_mesh_order(plan, set(batch) - set(vocab_axes))
     if summed:
-        rows.append(_row("all-reduce", summed, table.shape, table.dtype, "backward", grad))
+        rows.append(_row("all-reduce", summed, table.shape, moved, "backward", grad))
     return tuple(rows)
