@@ -138,7 +138,7 @@ class DecoderConfig:
     remat_custom: tuple[tuple[str, str], ...] = ()
     # MaxText's `attention`: "dot_product" materialises [seq × seq] scores; "flash" runs as its TPU kernel
     # does (query blocks of `attention_block` rows against the keys up to the diagonal, recomputed in the
-    # backward pass: attention.blockwise_causal_attention); "autoselected" is flash from 128 tokens on, as
+    # backward pass: flash_stand_in.py); "autoselected" is flash from 128 tokens on, as
     # MaxText selects it on TPU.
     attention_kernel: str = "dot_product"
     attention_block: int = 512

@@ -4,7 +4,7 @@ MaxText's `attention=flash` (and `autoselected`, on TPU) calls the splash kernel
 axes that split the batch and the heads (`attention_op.py: tpu_flash_attention`). The kernel keeps each
 [query block × key block] tile of scores in the core's vector memory, never in HBM, and its backward pass
 recomputes them; so the compiled step holds no score tensor at all, and the TPU compiler's memory figures
-are those of MaxText's step. A stand-in in plain JAX (`attention.blockwise_causal_attention`) cannot do
+are those of MaxText's step. A stand-in in plain JAX (`flash_stand_in.py`) cannot do
 that: however it is blocked, the compiler writes its scores to HBM and may keep several blocks alive at
 once (DeepSeek-V3 at 8k tokens: over 100 GB of them per device).
 

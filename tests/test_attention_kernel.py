@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shardscope
-from reference_models.attention import blockwise_causal_attention, causal_attention
+from reference_models.flash_stand_in import blockwise_causal_attention, causal_attention
 
 
 def _qkv(heads=4, kv_heads=2, seq=64, dim=8, v_dim=8):
@@ -58,3 +58,41 @@ def test_no_seq_by_seq_tensor_is_kept_for_the_backward_pass():
     # × 8 sequences × 4 heads × 256² × 4 bytes / 8 devices = 4 MiB per device; flash keeps none of them.
     kept_scores = 4 * 8 * 4 * 256 * 256 * 4 // 8
     assert dot - flash >= 0.9 * kept_scores, (dot, flash, kept_scores)
+
+
+def test_the_stand_ins_scopes_are_the_ones_the_cost_model_reads():
+    from reference_models.flash_stand_in import FLASH_SCOPE, OFF_DIAGONAL_SCOPE
+    from shardscope.hlo.profile import HALF_VISITED_SCOPE, KERNEL_SCOPE
+
+    assert (FLASH_SCOPE, OFF_DIAGONAL_SCOPE) == (KERNEL_SCOPE, HALF_VISITED_SCOPE)
+
+
+@pytest.mark.parametrize(("axis_type", "block", "fused"), [("Auto", 8, False), ("Explicit", 16, True)])
+def test_the_stand_in_over_a_split_sequence_is_causal_attention(axis_type, block, fused):
+    # Context parallelism on any compiler: each device keeps its queries and gathers the keys and values inside
+    # a shard_map, as the TPU kernel's all-gather strategy does. Values and gradients equal the reference.
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from reference_models.flash_stand_in import context_parallel_stand_in
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices")
+    kind = getattr(jax.sharding.AxisType, axis_type)
+    mesh = jax.make_mesh((2, 4), ("data", "context"), devices=jax.devices()[:8], axis_types=(kind, kind))
+    whole = _qkv(v_dim=12)
+    q, k, v = (jax.device_put(x, NamedSharding(mesh, PartitionSpec("data", "context"))) for x in whole)
+
+    def split(q, k, v):
+        spec = ("data", "context", None)
+        return context_parallel_stand_in(q, k, v, mesh=mesh, spec=spec, scale=0.3, block=block, fused_backward=fused)
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))
+
+    out = jax.jit(split)(q, k, v)
+    assert out.sharding.spec[:2] == ("data", "context")
+    np.testing.assert_allclose(out, causal_attention(*whole, 0.3), rtol=1e-5, atol=1e-5)
+    plain = loss(lambda q, k, v: causal_attention(q, k, v, 0.3))
+    grads = jax.jit(jax.grad(loss(split), (0, 1, 2)))(q, k, v)
+    for got, want in zip(grads, jax.grad(plain, (0, 1, 2))(*whole), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -284,6 +284,46 @@ def test_unnamed_ops_next_to_the_kernel_are_the_kernels():
     assert memory.bytes == 3 * 128 * 64 * 4  # the named add is not the kernel's
 
 
+# The CPU compiler writes the stand-in's matmuls out anew without metadata: one against the other sequence
+# shards' keys (its reader in the off-diagonal scope), one of the scope's probabilities whose result a
+# combining add outside the scope reads, and one of the diagonal block's (neither).
+OFF_DIAGONAL = """HloModule off_diagonal
+
+ENTRY main {
+  q = f32[64,32]{1,0} parameter(0)
+  k = f32[128,32]{1,0} parameter(1)
+  v = f32[128,32]{1,0} parameter(2)
+  mask = pred[64,128]{1,0} parameter(3)
+  low = f32[64,128]{1,0} parameter(4)
+  d = f32[64,64]{1,0} parameter(5)
+  scores = f32[64,128]{1,0} dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  masked = f32[64,128]{1,0} select(mask, scores, low),
+    metadata={op_name="jit(step)/jvp(attention)/flash_attention/shard_map/off_diagonal_shards/select_n"}
+  probs = f32[64,128]{1,0} exponential(masked),
+    metadata={op_name="jit(step)/jvp(attention)/flash_attention/shard_map/off_diagonal_shards/exp"}
+  moved = f32[64,128]{0,1} copy(probs)
+  out = f32[64,32]{1,0} dot(moved, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  diag = f32[64,64]{1,0} dot(q, q), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  diag_out = f32[64,32]{1,0} dot(diag, q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  both = f32[64,32]{1,0} add(out, diag_out),
+    metadata={op_name="jit(step)/jvp(attention)/flash_attention/shard_map/add"}
+  ROOT result = (f32[64,32]{1,0}, f32[64,64]{1,0}) tuple(both, d)
+}
+"""
+
+
+def test_the_stand_ins_matmuls_against_the_other_shards_keys_count_half():
+    # Each sequence shard sees the shards before it wholly and the others not at all; MaxText's load-balanced
+    # order makes every shard visit half of them, where the stand-in multiplies against all of them under a
+    # mask. Its unnamed matmuls are told by the nearest named ops they feed or read, and take their pass.
+    bins = work_profile(read_module(OFF_DIAGONAL))
+    kernel = [entry for entry in bins if entry.kind == "kernel"]
+    off_diagonal = 2 * 64 * 128 * 32 * 2  # scores and values against the other shards' 128 keys
+    diagonal = 2 * 64 * 64 * 32 * 2
+    assert sum(entry.flops for entry in kernel) == off_diagonal // 2 + diagonal
+    assert {entry.pass_ for entry in kernel if entry.flops} == {"forward"}
+
+
 def test_a_loop_nested_in_a_loop_is_the_outer_loops_region():
     def nested(x, ws):
         def layer(c, w):

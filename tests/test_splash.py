@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reference_models.attention import causal_attention
+from reference_models.flash_stand_in import causal_attention
 from reference_models.splash import local_splash_attention
 from shardscope.case.tpu import libtpu_version
 
@@ -148,12 +148,12 @@ _SAVED = (
 )
 
 
-def _tiny_plan(tmp_path, name: str, mesh: str) -> dict:
+def _tiny_plan(tmp_path, name: str, mesh: str, topology: str = "v5p-8") -> dict:
     import json
 
     out = tmp_path / f"{name}.json"
     maxtext = f"{mesh} max_target_length=1024 attention=flash per_device_batch_size=1 {_BLOCKS_128} {_SAVED}"
-    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", "v5p-8", "--no-cache"]
+    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", topology, "--no-cache"]
     subprocess.run([*command, "--maxtext", maxtext, "-o", str(out)], capture_output=True, text=True, check=True)
     return json.loads(out.read_text())
 
@@ -178,3 +178,24 @@ def test_context_parallelism_runs_the_kernel_on_each_devices_queries_against_gat
     # saved gathered, it was 27% above.
     peaks = {name: plan["memory"]["peak_bytes"] for name, plan in plans.items()}
     assert peaks["context"] <= 1.1 * peaks["batch"]
+
+
+def test_context_parallelism_on_a_cpu_compile_has_the_kernels_structure(tmp_path):
+    # The stand-in where the kernel cannot run, over a split sequence: each device's queries against keys and
+    # values gathered inside a shard_map, as on a TPU. Each device does the batch split's attention work
+    # (its own causal block, and half the other shards' keys on average), the forward pass is not run again
+    # under a policy that saves the context (the backward pass is the kernel's 7 matmuls to its 2), and the
+    # keys and values are gathered over the context axis and their gradients reduce-scattered back.
+    meshes = {"batch": "ici_fsdp_parallelism=-1", "context": "ici_fsdp_parallelism=-1 ici_context_parallelism=2"}
+    plans = {name: _tiny_plan(tmp_path, name, mesh, "cpu-8") for name, mesh in meshes.items()}
+    work = {}
+    for name, plan in plans.items():
+        for entry in plan["work"]:
+            if entry["kind"] == "kernel":
+                key = (name, entry["pass"])
+                work[key] = work.get(key, 0) + entry["flops"] * entry["executions"]
+    for name in meshes:
+        assert work[(name, "backward")] == 3.5 * work[(name, "forward")] > 0, work
+    assert work[("context", "forward")] == work[("batch", "forward")]
+    context_ops = {(row["op"], row["pass"]) for row in plans["context"]["collectives"] if row["axes"] == ["context"]}
+    assert {("all-gather", "forward"), ("all-gather", "backward"), ("reduce-scatter", "backward")} <= context_ops

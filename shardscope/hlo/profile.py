@@ -52,10 +52,23 @@ from shardscope.hlo.work import (
     wrapped_opcode,
 )
 
-__all__ = ["GROUPED_SCOPE", "KERNEL_SCOPE", "KINDS", "WorkBin", "causal_block_fraction", "work_profile"]
+__all__ = [
+    "GROUPED_SCOPE",
+    "HALF_VISITED_SCOPE",
+    "KERNEL_SCOPE",
+    "KINDS",
+    "WorkBin",
+    "causal_block_fraction",
+    "work_profile",
+]
 
 KERNEL_SCOPE = "flash_attention"  # the reference models' named scope around the attention kernel stand-in
 GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when they run grouped
+# ... and around the stand-in's matmuls of a sequence shard's queries against the other shards' keys: each
+# shard sees those before it wholly and the rest not at all, which the stand-in writes as a masked matmul
+# against all of them (its shape cannot depend on the device); with MaxText's load-balanced token order every
+# shard visits half of them.
+HALF_VISITED_SCOPE = "off_diagonal_shards"
 KINDS = ("matmul", "grouped", "memory", "gather", "kernel", "host")
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
@@ -200,6 +213,60 @@ def _gradient_outputs(shape: str, inputs: Sequence[tuple[int, ...]]) -> int:
     )
 
 
+def _graph(instructions: Sequence[Instruction]) -> tuple[dict[str, str], dict[str, list[str]], dict[str, list[str]]]:
+    """Each op's own op_name, its users and its operands (within the computation)."""
+    own = {i.name: _op_name(i) for i in instructions}
+    users: dict[str, list[str]] = defaultdict(list)
+    operands: dict[str, list[str]] = {i.name: [o for o in i.operands if o in own] for i in instructions}
+    for i in instructions:
+        for operand in operands[i.name]:
+            users[operand].append(i.name)
+    return own, users, operands
+
+
+def _nearest_named(start: str, own: Mapping[str, str], edges: Mapping[str, list[str]]) -> list[str]:
+    """The op_names of the nearest ops with one, following `edges` (users or operands) through ops without."""
+    seen, frontier = {start}, [start]
+    while frontier:
+        frontier = [n for op in frontier for n in edges.get(op, ()) if n not in seen]
+        seen.update(frontier)
+        named = [own[n] for n in frontier if own[n]]
+        if named:
+            return named
+        frontier = [n for n in frontier if not own[n]]
+    return []
+
+
+def _op_names(graph: tuple[dict[str, str], dict[str, list[str]], dict[str, list[str]]]) -> dict[str, str]:
+    """Each op's op_name. An op without one takes its nearest named user's: XLA's CPU compiler writes some
+    dots out anew (between relayouts, or wrapped in a library fusion) without the metadata of the dot they
+    replace, and the op that reads the result carries the pass and the scopes the dot had."""
+    own, users, _ = graph
+    return {name: op_name or next(iter(_nearest_named(name, own, users)), "") for name, op_name in own.items()}
+
+
+def _half_visited(
+    program: Program, instruction: Instruction, graph: tuple[dict[str, str], dict[str, list[str]], dict[str, list[str]]]
+) -> bool:
+    """Whether an op is the attention stand-in's against the other sequence shards' keys: in
+    `HALF_VISITED_SCOPE` by its name, that of a dot it fuses, or (for an op without a name, see `_op_names`)
+    that of its nearest named reader or of the nearest named op it reads (a matmul of the scope's
+    probabilities whose result leaves the scope). The load-balanced kernel visits half of those blocks on
+    average over the shards, so its FLOPs count half."""
+    own, users, operands = graph
+    names = [own[instruction.name]]
+    if not names[0]:
+        names = _nearest_named(instruction.name, own, users) + _nearest_named(instruction.name, own, operands)
+    names += [
+        _op_name(inner)
+        for attribute, callee in instruction.callees()
+        if attribute == "calls"
+        for inner in program.instructions(callee)
+        if inner.opcode in _MATRIX_OPS
+    ]
+    return any(HALF_VISITED_SCOPE in name for name in names)
+
+
 def _grouped(program: Program, instruction: Instruction) -> bool:
     """Whether the op's matrix work is the grouped experts': its own name, or a dot it fuses, in the scope."""
     if GROUPED_SCOPE in _op_name(instruction):
@@ -338,6 +405,8 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
         shapes = program.shapes(name)
         instructions = program.instructions(name)
         kernel = _kernel_ops(instructions)
+        graph = _graph(instructions)
+        names = _op_names(graph)
         classified: dict[str, tuple[str, int, int]] = {}
         for instruction in instructions:
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
@@ -355,7 +424,9 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
                 continue
             kind, flops, nbytes = classified[instruction.name]
             nbytes = 0 if instruction.name in in_matmuls else nbytes
-            op_name = _op_name(instruction)
+            op_name = names[instruction.name]
+            if kind == "kernel" and flops and _half_visited(program, instruction, graph):
+                flops //= 2
             pass_ = pass_of(op_name) if op_name else "other"
             key = (kind, pass_, count, regions.get(name, count), _intensity(flops, nbytes))
             total = sums[key]
