@@ -32,10 +32,28 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from reference_models.config import DecoderConfig
-from reference_models.sharding import ambient_mesh, current_context, entry_axes, is_explicit
+from reference_models.sharding import (
+    ShardingContext,
+    ambient_mesh,
+    current_context,
+    entry_axes,
+    is_explicit,
+    named_on,
+)
 
 FLASH_SCOPE = "flash_attention"  # shardscope.hlo.profile.KERNEL_SCOPE names the same
 OFF_DIAGONAL_SCOPE = "off_diagonal_shards"  # shardscope.hlo.profile.HALF_VISITED_SCOPE names the same
+
+
+def attention_split(context: ShardingContext, logical: tuple[str, ...]) -> tuple[Any, Any, Any, int] | None:
+    """The mesh axes `logical` places q [batch, seq, heads, dim] on: (batch, length, heads, how many devices
+    split the sequence); None where the head dimension is split (an attention kernel's shard_map, MaxText's
+    or its stand-in's, does not take that)."""
+    batch, length, heads, dim = (tuple(context.resolve(logical)) + (None,) * 4)[:4]
+    sizes = context.mesh.shape
+    if any(sizes[axis] > 1 for axis in entry_axes(dim)):
+        return None
+    return batch, length, heads, math.prod(sizes[axis] for axis in entry_axes(length))
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, offset: int = 0) -> jax.Array:
@@ -64,12 +82,10 @@ def sequence_parallel_stand_in(
     context = current_context()
     if context is None:
         return None
-    spec = tuple(context.resolve(logical)) + (None,) * 4
-    batch, length, heads, dim = spec[:4]
-    sizes = context.mesh.shape
-    shards = math.prod(sizes[axis] for axis in entry_axes(length))
-    if shards == 1 or any(sizes[axis] > 1 for axis in entry_axes(dim)) or q.shape[1] % shards:
+    split = attention_split(context, logical)
+    if split is None or split[3] == 1 or q.shape[1] % split[3]:
         return None
+    batch, length, heads, _ = split
     return context_parallel_stand_in(
         q,
         k,
@@ -99,11 +115,10 @@ def context_parallel_stand_in(
     reduce-scatters their gradients. `mesh` None: the ambient one (while tracing under `jax.set_mesh`)."""
     batch, length, heads = spec
     axes = entry_axes(length)
-    shards = math.prod((mesh or jax.sharding.get_abstract_mesh()).shape[axis] for axis in axes)
-    queries = PartitionSpec(batch, length, heads, None)
-    if is_explicit(mesh or jax.sharding.get_abstract_mesh()):
-        named = jax.sharding.NamedSharding(mesh if mesh is not None else jax.sharding.get_abstract_mesh(), queries)
-        q, k, v = (jax.sharding.reshard(x, named) for x in (q, k, v))
+    queries = named_on(mesh, PartitionSpec(batch, length, heads, None))
+    shards = math.prod(queries.mesh.shape[axis] for axis in axes)
+    if is_explicit(queries.mesh):
+        q, k, v = (jax.sharding.reshard(x, queries) for x in (q, k, v))
 
     def run(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         local = q.shape[1]
@@ -118,7 +133,7 @@ def context_parallel_stand_in(
         rows = block if local % block == 0 else local
         return _rows(q, k, v, (other_k, other_v, before), scale, rows, fused_backward)
 
-    sharded = jax.shard_map(run, mesh=mesh, in_specs=(queries,) * 3, out_specs=queries, check_vma=False)
+    sharded = jax.shard_map(run, mesh=mesh, in_specs=(queries.spec,) * 3, out_specs=queries.spec, check_vma=False)
     return sharded(q, k, v)
 
 

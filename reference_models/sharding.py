@@ -203,3 +203,8 @@ def _record_and_place(
     record = ActivationRecord(path=path, logical=logical, shape=tuple(x.shape), dtype=str(x.dtype), spec=spec)
     context.records.append(record)
     return place(context, x, spec)
+
+
+def named_on(mesh: jax.sharding.Mesh | None, spec: jax.sharding.PartitionSpec) -> jax.sharding.NamedSharding:
+    """A sharding on `mesh`, or on the ambient mesh's axes where `mesh` is None (see `ambient_mesh`)."""
+    return jax.sharding.NamedSharding(mesh if mesh is not None else jax.sharding.get_abstract_mesh(), spec)

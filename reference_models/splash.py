@@ -31,7 +31,15 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from reference_models.config import DecoderConfig
-from reference_models.sharding import ambient_mesh, current_context, entry_axes, is_explicit, place
+from reference_models.flash_stand_in import attention_split
+from reference_models.sharding import (
+    ambient_mesh,
+    current_context,
+    entry_axes,
+    is_explicit,
+    named_on,
+    place,
+)
 
 _LANES = 128  # a TPU vector register's lanes: the kernel's blocks are multiples of it
 
@@ -44,14 +52,12 @@ def splash_attention(
     context = current_context()
     if context is None or context.platform != "tpu":
         return None
-    spec = tuple(context.resolve(logical)) + (None,) * 4
-    batch, length, heads, dim = spec[:4]
-    sizes = context.mesh.shape
-    if any(sizes[axis] > 1 for axis in entry_axes(dim)):
+    split = attention_split(context, logical)
+    if split is None:
         return None
+    batch, length, heads, shards = split
     seq = q.shape[1]
     blocks = {name: min(size, seq) for name, size in config.splash_block_sizes.items()}
-    shards = math.prod(sizes[axis] for axis in entry_axes(length))
     if any(seq % size or size % _LANES or (seq // shards) % size for size in blocks.values()):
         # MaxText pads the sequence to whole blocks; the reference models do not. The kernel's blocks are
         # whole vector lanes (sequences shorter than one lane: the tiny models), and tile each shard.
@@ -107,18 +113,18 @@ def context_parallel_splash(
         head_shards=math.prod(sizes[axis] for axis in entry_axes(heads)),
         q_seq_shards=math.prod(sizes[axis] for axis in entry_axes(length)),
     )
-    metadata = kernel.manual_sharding_spec(_named(mesh, PartitionSpec(heads, length)))
+    metadata = kernel.manual_sharding_spec(named_on(mesh, PartitionSpec(heads, length)))
     queries = PartitionSpec(batch, length, heads, None)
     if is_explicit(mesh or jax.sharding.get_abstract_mesh()):
         # With explicit axes a shard_map takes its inputs as their types place them: they (and the kernel's
         # metadata, made whole on every device) are moved first, as MaxText does.
         kernel = jax.tree.map(
-            lambda array, split: array if split is None else jax.sharding.reshard(array, _named(mesh, split)),
+            lambda array, split: array if split is None else jax.sharding.reshard(array, named_on(mesh, split)),
             kernel,
             metadata,
             is_leaf=lambda x: x is None,
         )
-        q, k, v = (jax.sharding.reshard(x, _named(mesh, queries)) for x in (q, k, v))
+        q, k, v = (jax.sharding.reshard(x, named_on(mesh, queries)) for x in (q, k, v))
 
     def run(kernel: Any, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         k, v = (jax.lax.all_gather(x, entry_axes(length), axis=1, tiled=True) for x in (k, v))
@@ -128,11 +134,6 @@ def context_parallel_splash(
         run, mesh=mesh, in_specs=(metadata, queries, queries, queries), out_specs=queries, check_vma=False
     )
     return sharded(kernel, q, k, v)
-
-
-def _named(mesh: jax.sharding.Mesh | None, spec: PartitionSpec) -> jax.sharding.NamedSharding:
-    """A sharding on `mesh`, or on the ambient mesh's axes (only its shape is read from it here)."""
-    return jax.sharding.NamedSharding(mesh if mesh is not None else jax.sharding.get_abstract_mesh(), spec)
 
 
 def _causal_kernel(

@@ -37,6 +37,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardscope.hlo.executions import Program
 from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes
@@ -213,15 +214,22 @@ def _gradient_outputs(shape: str, inputs: Sequence[tuple[int, ...]]) -> int:
     )
 
 
-def _graph(instructions: Sequence[Instruction]) -> tuple[dict[str, str], dict[str, list[str]], dict[str, list[str]]]:
-    """Each op's own op_name, its users and its operands (within the computation)."""
+class _Graph(NamedTuple):
+    """A computation's ops: each one's own op_name, its users and its operands (within the computation)."""
+
+    own: dict[str, str]
+    users: dict[str, list[str]]
+    operands: dict[str, list[str]]
+
+
+def _graph(instructions: Sequence[Instruction]) -> _Graph:
     own = {i.name: _op_name(i) for i in instructions}
     users: dict[str, list[str]] = defaultdict(list)
     operands: dict[str, list[str]] = {i.name: [o for o in i.operands if o in own] for i in instructions}
     for i in instructions:
         for operand in operands[i.name]:
             users[operand].append(i.name)
-    return own, users, operands
+    return _Graph(own, users, operands)
 
 
 def _nearest_named(start: str, own: Mapping[str, str], edges: Mapping[str, list[str]]) -> list[str]:
@@ -237,26 +245,25 @@ def _nearest_named(start: str, own: Mapping[str, str], edges: Mapping[str, list[
     return []
 
 
-def _op_names(graph: tuple[dict[str, str], dict[str, list[str]], dict[str, list[str]]]) -> dict[str, str]:
+def _op_names(graph: _Graph) -> dict[str, str]:
     """Each op's op_name. An op without one takes its nearest named user's: XLA's CPU compiler writes some
     dots out anew (between relayouts, or wrapped in a library fusion) without the metadata of the dot they
     replace, and the op that reads the result carries the pass and the scopes the dot had."""
-    own, users, _ = graph
-    return {name: op_name or next(iter(_nearest_named(name, own, users)), "") for name, op_name in own.items()}
+    return {
+        name: op_name or next(iter(_nearest_named(name, graph.own, graph.users)), "")
+        for name, op_name in graph.own.items()
+    }
 
 
-def _half_visited(
-    program: Program, instruction: Instruction, graph: tuple[dict[str, str], dict[str, list[str]], dict[str, list[str]]]
-) -> bool:
+def _half_visited(program: Program, instruction: Instruction, op_name: str, graph: _Graph) -> bool:
     """Whether an op is the attention stand-in's against the other sequence shards' keys: in
-    `HALF_VISITED_SCOPE` by its name, that of a dot it fuses, or (for an op without a name, see `_op_names`)
-    that of its nearest named reader or of the nearest named op it reads (a matmul of the scope's
-    probabilities whose result leaves the scope). The load-balanced kernel visits half of those blocks on
-    average over the shards, so its FLOPs count half."""
-    own, users, operands = graph
-    names = [own[instruction.name]]
-    if not names[0]:
-        names = _nearest_named(instruction.name, own, users) + _nearest_named(instruction.name, own, operands)
+    `HALF_VISITED_SCOPE` by its op_name (its own or, see `_op_names`, its nearest named reader's), that of a
+    dot it fuses, or, for an op without a name of its own, that of the nearest named op it reads (a matmul of
+    the scope's probabilities whose result leaves the scope). The load-balanced kernel visits half of those
+    blocks on average over the shards, so its FLOPs count half."""
+    names = [op_name]
+    if not graph.own[instruction.name]:
+        names += _nearest_named(instruction.name, graph.own, graph.operands)
     names += [
         _op_name(inner)
         for attribute, callee in instruction.callees()
@@ -425,7 +432,7 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             kind, flops, nbytes = classified[instruction.name]
             nbytes = 0 if instruction.name in in_matmuls else nbytes
             op_name = names[instruction.name]
-            if kind == "kernel" and flops and _half_visited(program, instruction, graph):
+            if kind == "kernel" and flops and _half_visited(program, instruction, op_name, graph):
                 flops //= 2
             pass_ = pass_of(op_name) if op_name else "other"
             key = (kind, pass_, count, regions.get(name, count), _intensity(flops, nbytes))

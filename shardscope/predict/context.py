@@ -37,12 +37,13 @@ def _whole(record: TensorRecord, ways: int) -> tuple[int, ...]:
 
 
 def context_attention(
-    plan: Plan, every: tuple[Weight, ...], remat: bool, operand: Callable[[str], str] = str, kernel: bool = False
+    plan: Plan, every: tuple[Weight, ...], remat: bool, operand: Callable[[str], str] = str, flash: bool = False
 ) -> tuple[CollectiveRow, ...]:
     """Every attention block's context-parallel collectives (see the module doc). `operand`: the dtype a
-    matmul operand moves as (the gathered keys and values feed the score and value matmuls). `kernel`: the
-    attention runs as the splash kernel of a TPU program (each device's queries against the gathered keys
-    and values in a shard_map): the query, key and value gradients stay split, none is gathered."""
+    matmul operand moves as (the gathered keys and values feed the score and value matmuls). `flash`: the
+    attention runs as the splash kernel on a TPU, or as its stand-in elsewhere, both with each device's
+    queries against the keys and values gathered in a shard_map: the query, key and value gradients stay
+    split, none is gathered."""
     tensors = plan.tensor_map
     sizes = mesh_sizes(plan)
     rows: list[CollectiveRow] = []
@@ -68,7 +69,7 @@ def context_attention(
                 wanted += [("all-gather", p, name, operand(record.dtype), whole) for p in gathers]
                 # Every query's contribution to the whole keys' (values') gradient, summed back to its shard.
                 wanted.append(("reduce-scatter", "backward", name, record.dtype, whole))
-        for name in () if kernel else _GRADIENTS:
+        for name in () if flash else _GRADIENTS:
             record = tensors.get(f"activations/{module}/{name}")
             if record is not None and _length_axes(plan, record) == axes:
                 wanted.append(("all-gather", "backward", name, record.dtype, _whole(record, ways)))

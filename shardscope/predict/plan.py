@@ -93,8 +93,8 @@ def predict_collectives(
     rows.extend(lookup_collectives(plan, case, found.tokens, batch))
     rows.extend(pipeline_collectives(plan, every, case, found.tokens, found.micro_tokens, batch))
     operand = dot_operand_dtype if on_tpu else str
-    kernel = on_tpu and case is not None and case.model.uses_flash_attention
-    rows.extend(context_attention(plan, every, remat, operand, kernel))
+    flash = case is not None and case.model.uses_flash_attention
+    rows.extend(context_attention(plan, every, remat, operand, flash))
     experts = tuple(w for w in every if w.is_expert)
     if preset_moe(plan) == "all_to_all":
         rows.extend(moe_exchanges(plan, experts, rules, remat, case, operand))
