@@ -102,7 +102,7 @@ def bytes_of(plan, *kinds: str) -> int:
     return sum(entry.bytes for entry in plan.work if entry.kind in kinds)
 
 
-FACTOR_GRID = [round(0.01 * i, 2) for i in range(5, 201)]
+FACTOR_GRID = [round(0.01 * i, 2) for i in range(5, 401)]
 
 
 def cpu_bytes_factors() -> tuple[tuple[float, float] | None, list[tuple[str, float, float]]]:

@@ -18,8 +18,9 @@ import shardscope
 from shardscope.case.hardware import load_hardware
 from shardscope.case.tpu import libtpu_version
 from shardscope.cost.step import bin_seconds, expected_step, host_seconds, per_op_compute
+from shardscope.hlo.attention_kernels import causal_block_fraction
 from shardscope.hlo.module import read_module
-from shardscope.hlo.profile import BINS_PER_OCTAVE, WorkBin, causal_block_fraction, work_profile
+from shardscope.hlo.profile import BINS_PER_OCTAVE, WorkBin, work_profile
 from shardscope.hlo.shapes import hbm_bytes
 from shardscope.hlo.work import step_work
 from shardscope.plan.estimate import RowTime

@@ -224,3 +224,36 @@ def test_a_program_jitted_without_a_mesh_is_planned_whole_on_one_device():
         "inputs/1": (None, None),
         "outputs": (),
     }
+
+
+# The same write as XLA's CPU compiler runs it on a bfloat16 stack (its float normalisation): the stack
+# widened to float32, updated, and rounded back, all in one fusion. A TPU updates the bfloat16 stack in
+# place: only the row moves.
+WIDENED_STACK_HLO = """HloModule m
+
+write_row {
+  i = s32[] parameter(0)
+  stack = bf16[80,1024] parameter(1)
+  wide = f32[80,1024] convert(stack)
+  row = bf16[1024] parameter(2)
+  wide_row = f32[1024] convert(row)
+  view = f32[1,1024] bitcast(wide_row)
+  z = s32[] constant(0)
+  u = f32[80,1024] dynamic-update-slice(wide, view, i, z)
+  ROOT back = bf16[80,1024] convert(u)
+}
+
+ENTRY main {
+  i = s32[] parameter(0)
+  stack = bf16[80,1024] parameter(1)
+  row = bf16[1024] parameter(2)
+  ROOT w = bf16[80,1024] fusion(i, stack, row), kind=kLoop, calls=write_row
+}
+"""
+
+
+def test_a_row_written_to_a_stack_widened_to_float32_and_back_touches_the_row_only():
+    row, index = 1024 * 2, 4
+    # The index and the bfloat16 row read, the row written at the stack's two bytes an element: not the
+    # stack read and written whole (80 rows each way), as a widening conversion reads it.
+    assert step_work(read_module(WIDENED_STACK_HLO)).bytes_accessed == index + row + row

@@ -41,13 +41,13 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
 
     `expert_width`: the hidden width of the experts a `grouped` bin multiplies (`Hardware.grouped_efficiency`).
 
-    `cpu_program`: the ops are a CPU compile's, priced as the TPU would run them: XLA's CPU compiler fuses
-    less than the TPU's and runs a bfloat16 program's elementwise work in float32, so ops without matrix
-    work touch more bytes there (its conversions around matmuls, which the TPU's matmuls do themselves,
-    are already left out of its profile: `shardscope.hlo.fusion`); they count at the table's
-    `cpu_memory_bytes_factor` (fitted to TPU compiles of the same cases by benchmarks/calibrate.py). Ops
-    that gather or scatter rows touch the rows they move whatever the fusion, in float32 on CPU: they count
-    at `cpu_gather_bytes_factor`, fitted with it."""
+    `cpu_program`: the ops are a CPU compile's, priced as the TPU would run them. Its profile already
+    counts them so (`shardscope.hlo.profile.work_profile`: values of bfloat16 precision at two bytes an
+    element, the conversions, relayouts and elementwise ops the TPU does inside its matmuls left out); the
+    TPU still fuses more of the other ops without matrix work, which count at the table's
+    `cpu_memory_bytes_factor`, and relayouts the rows a dropless MoE's gathers and scatters permute, which
+    count at `cpu_gather_bytes_factor` (both fitted to TPU compiles of the same cases by
+    benchmarks/calibrate.py)."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
     if entry.kind == "grouped":
         flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)

@@ -1,4 +1,4 @@
-"""Which float32 collectives of a CPU program carry values of bfloat16 precision: the bytes a TPU moves.
+"""Which float32 values of a CPU program have bfloat16 precision: the bytes a TPU moves and touches.
 
 XLA's CPU compiler runs a bfloat16 program's arithmetic in float32 (its float normalisation): a weight is
 all-gathered in float32 and rounded to bfloat16 by its consumer, a gradient computed in bfloat16 is
@@ -6,12 +6,14 @@ widened before it is summed. The TPU compiler moves such values in bfloat16 (it 
 the other side of the collective), so pricing a CPU program as a TPU needs the bytes in bfloat16. A value
 has bfloat16 precision when it comes straight from a conversion out of a 16-bit float, or when every
 consumer rounds it to a 16-bit float before anything else (both seen through bitcasts, copies, reshapes
-and transposes, and into fusions).
+and transposes, and into fusions). The work profile reads a CPU program's ops the same way: each op's
+float32 operands and result of bfloat16 precision at two bytes an element (`half_operands`,
+`half_result`), as the TPU holds them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.metadata import split_outside_brackets
@@ -45,16 +47,42 @@ class _Table:
 
 class Narrowing:
     """Answers, per collective instruction of a module, the bytes its result would take in bfloat16 where
-    its values have bfloat16 precision (tables are read once per computation)."""
+    its values have bfloat16 precision, and per op which of its float32 operands and results have it
+    (tables are read once per computation; `instructions`: a reader of a computation's instructions to
+    share, e.g. `Program.instructions`)."""
 
-    def __init__(self, module: Module) -> None:
+    def __init__(self, module: Module, instructions: Callable[[str], Sequence[Instruction]] | None = None) -> None:
         self.module = module
+        self._instructions = instructions or (lambda computation: computation_instructions(module, computation))
         self._tables: dict[str, _Table] = {}
 
     def _table(self, computation: str) -> _Table:
         if computation not in self._tables:
-            self._tables[computation] = _Table(computation_instructions(self.module, computation))
+            self._tables[computation] = _Table(self._instructions(computation))
         return self._tables[computation]
+
+    def half_operands(self, computation: str, instruction: Instruction) -> frozenset[int]:
+        """Positions of an op's float32 operands of bfloat16 precision: made by a conversion out of a 16-bit
+        float, or rounded to one by the op before anything else (a fusion's parameter, a conversion)."""
+        table = self._table(computation)
+        fused = self._fused_table(instruction) if instruction.opcode == "fusion" else None
+        found = set()
+        for position, operand in enumerate(instruction.operands):
+            producer = table.by_name.get(operand)
+            if producer is None or not producer.shape.strip().startswith("f32["):
+                continue
+            rounded_here = instruction.opcode == "convert" and _is_half(instruction.shape)
+            if rounded_here or self._rounds_parameter(fused, position) or self._comes_from_half(table, operand):
+                found.add(position)
+        return frozenset(found)
+
+    def half_result(self, computation: str, instruction: Instruction) -> bool:
+        """Whether an op's float32 result has bfloat16 precision (made from a 16-bit float, or rounded to one
+        by every user)."""
+        if not instruction.shape.strip().startswith("f32["):
+            return False
+        table = self._table(computation)
+        return self._comes_from_half(table, instruction.name) or self._rounds(table, instruction.name)
 
     def tpu_bytes(self, computation: str, collective: Instruction) -> int | None:
         """The collective's result bytes with every float32 element of bfloat16 precision counted at 2 bytes
@@ -79,6 +107,12 @@ class Narrowing:
             if half_use or (operand is not None and self._comes_from_half(table, operand)):
                 narrowed += size // 2
         return total - narrowed if narrowed else None
+
+    def _rounds_parameter(self, fused: _Table | None, position: int) -> bool:
+        """Whether a fusion's fused code rounds its operand at `position` to a 16-bit float first."""
+        if fused is None or (parameter := fused.parameters.get(position)) is None:
+            return False
+        return self._rounds(fused, parameter.name)
 
     def _comes_from_half(self, table: _Table, name: str) -> bool:
         producer = table.by_name.get(name)

@@ -32,6 +32,7 @@ Collectives are not here: the plan's collective rows price them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import defaultdict
@@ -39,15 +40,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from shardscope.hlo.attention_kernels import attention_kernel_flops
 from shardscope.hlo.executions import Program
-from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes
+from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes, producers_into_matmuls
 from shardscope.hlo.metadata import pass_of, split_outside_brackets
+from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
-from shardscope.hlo.shapes import async_start_output, shape_info, tuple_elements
+from shardscope.hlo.shapes import async_start_output, shape_info
 from shardscope.hlo.work import (
     NO_ACCESS,
     fused_computations,
     fusion_bytes,
+    halved_shape,
     instruction_bytes,
     instruction_flops,
     wrapped_opcode,
@@ -59,7 +63,6 @@ __all__ = [
     "KERNEL_SCOPE",
     "KINDS",
     "WorkBin",
-    "causal_block_fraction",
     "work_profile",
 ]
 
@@ -145,73 +148,6 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
             if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
                 total += _matrix_flops(program, inner, [shapes.get(o, "") for o in inner.operands])
     return total
-
-
-# A Pallas attention kernel's pass, from its name, and the [L × S] matmuls it runs per block, as (those
-# over the query/key head dimension, those over the value head dimension): the forward pass (scores;
-# values), the query gradient (scores again, the queries' gradient; the probabilities' gradient), the
-# key/value gradient (scores, the keys' gradient; the probabilities' and the values' gradients), a fused
-# backward kernel all of them once. MLA's value heads are narrower than its query/key heads (128 and 192).
-_ATTENTION_KERNEL = re.compile(r"(?:splash|flash)\w*?_(fwd|dq|dkv|bwd)(?:_|$)")
-_KERNEL_MATMULS = {"fwd": (1, 1), "dq": (2, 1), "dkv": (2, 2), "bwd": (3, 2)}
-
-
-def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
-    """FLOPs of one run of a Pallas attention kernel (None: not one). q, k and v are its first three float
-    operands of rank 4 ([batch, heads, length, head dim]; rank 3 where the compiler dropped a batch of one);
-    its block mask (an int8 [.., query blocks, key blocks] operand) says how many blocks it visits: a
-    causal mask's lower triangle, as a language model's training kernel has (the mask's contents are not
-    in the program, only its grid), on a grid of any [query blocks × key blocks] over a sequence attending
-    to itself. Queries split along the sequence (context parallelism: a fraction of the keys' length)
-    visit the lower triangle of the whole grid on average over the shards, as MaxText's load-balanced
-    token order makes every shard do."""
-    if instruction.opcode != "custom-call" or "tpu_custom_call" not in (
-        instruction.attribute("custom_call_target") or ""
-    ):
-        return None
-    match = _ATTENTION_KERNEL.search(instruction.name)
-    if match is None:
-        return None
-    arrays = [shape_info(shape) for shape in operand_shapes]
-    floats = [dims for dtype, dims, _ in arrays if len(dims) in (3, 4) and dtype.startswith(("bfloat16", "float"))]
-    qk = [dims if len(dims) == 4 else (1, *dims) for dims in floats if len(dims) == len(floats[0])] if floats else []
-    if len(qk) < 2:
-        return None
-    (batch, heads, queries, dim), keys = qk[0], qk[1][2]
-    value_dim = qk[2][3] if len(qk) > 2 else dim
-    grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
-    visited = 1.0
-    if grid is not None and keys % queries == 0 and min(grid) > 0:
-        visited = causal_block_fraction(grid[0] * keys // queries, grid[1])
-    kind = match.group(1)
-    if kind == "dkv" and _gradient_outputs(instruction.shape, floats) >= 3:
-        kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
-    over_qk, over_v = _KERNEL_MATMULS[kind]
-    return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
-
-
-def causal_block_fraction(query_blocks: int, key_blocks: int | None = None) -> float:
-    """The fraction of a grid of [query × key] blocks over one sequence that a causal kernel visits: every
-    block holding a key at or before one of its queries. A query block i of n sees the key blocks up to its
-    last row, ceil((i + 1) · keys / n) of them; on a square n × n grid that is (n + 1) / 2n. (A kernel of
-    2048-row query blocks against 512-key blocks visits 3/4 of its grid, not all of it.)"""
-    keys = query_blocks if key_blocks is None else key_blocks
-    seen = sum(min(keys, -(-(i + 1) * keys // query_blocks)) for i in range(query_blocks))
-    return seen / (query_blocks * keys)
-
-
-def _gradient_outputs(shape: str, inputs: Sequence[tuple[int, ...]]) -> int:
-    """How many of a kernel's results are gradients of its `inputs` (q, k, v): float arrays ending in an
-    input's [heads, length, head dim] (with or without a batch, or partial sums stacked in front); the
-    rest, [.., block, head dim], is scratch."""
-    parts = tuple_elements(shape.strip()) if shape.strip().startswith("(") else [shape]
-    arrays = [shape_info(part) for part in parts]
-    ends = {tuple(dims[-3:]) for dims in inputs}
-    return sum(
-        1
-        for dtype, dims, _ in arrays
-        if len(dims) >= 3 and tuple(dims[-3:]) in ends and dtype.startswith(("bfloat16", "float"))
-    )
 
 
 class _Graph(NamedTuple):
@@ -325,10 +261,16 @@ def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
 
 
 def _classify(
-    program: Program, instruction: Instruction, operand_shapes: Sequence[str], in_kernel: bool = False
+    program: Program,
+    instruction: Instruction,
+    operand_shapes: Sequence[str],
+    in_kernel: bool = False,
+    halves: tuple[frozenset[int], bool] = (frozenset(), False),
 ) -> tuple[str, int, int] | None:
     """(kind, matrix FLOPs, bytes) of one execution of a top-level op, or None for ops that cost nothing
-    here (names, boundaries, collectives, the second half of an async pair)."""
+    here (names, boundaries, collectives, the second half of an async pair). `halves`: the positions of
+    its float32 operands, and whether its float32 result, have bfloat16 precision (a CPU program's: counted
+    at two bytes an element, as the TPU holds them)."""
     opcode = instruction.opcode
     if opcode in NO_ACCESS or opcode.endswith(ASYNC_ENDS) or opcode == "tuple":
         return None
@@ -344,10 +286,14 @@ def _classify(
     flops = _matrix_flops(program, instruction, operand_shapes)
     if in_kernel:
         return "kernel", flops, 0
+    halved, half_result = halves
     if opcode == "fusion":
-        nbytes = fusion_bytes(program, instruction, operand_shapes)
+        nbytes = fusion_bytes(program, instruction, operand_shapes, halved, half_result)
     else:
-        nbytes = instruction_bytes(instruction, operand_shapes, wrapped)
+        if half_result:
+            instruction = dataclasses.replace(instruction, shape=halved_shape(instruction.shape))
+        narrowed = [halved_shape(s) if i in halved else s for i, s in enumerate(operand_shapes)]
+        nbytes = instruction_bytes(instruction, narrowed, wrapped)
     if not flops:
         return ("gather" if _moves_rows(program, instruction) else "memory"), 0, nbytes
     return ("grouped" if _grouped(program, instruction) else "matmul"), flops, nbytes
@@ -394,16 +340,27 @@ def _regions(program: Program, runs: Mapping[str, int | None]) -> dict[str, int]
     return region
 
 
+def _halves(narrowing: Narrowing | None, computation: str, instruction: Instruction) -> tuple[frozenset[int], bool]:
+    """Which of an op's float32 operands, and whether its result, a TPU holds in bfloat16 (none without
+    `narrowing`: a TPU program's values are in the types they have)."""
+    if narrowing is None or instruction.opcode in NO_ACCESS:
+        return frozenset(), False
+    return narrowing.half_operands(computation, instruction), narrowing.half_result(computation, instruction)
+
+
 def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ...]:
     """Every top-level op of the step that runs a known number of times, binned (see the module doc).
     Ops of computations whose executions are unknown are left out, as in `step_work`.
 
-    `cpu_program`: the module is a CPU compile's; the conversions and relayouts it writes out around its
-    matmuls, which a TPU's matmuls do inside themselves, move nothing (`shardscope.hlo.fusion`)."""
+    `cpu_program`: the module is a CPU compile's, counted as the TPU would run it: its float32 values of
+    bfloat16 precision at two bytes an element (`shardscope.hlo.narrowing`), and the conversions,
+    relayouts and elementwise ops it writes out around its matmuls, which a TPU's matmuls do inside
+    themselves, moving nothing (`shardscope.hlo.fusion`)."""
     program = Program(module)
     runs = program.executions_per_step()
     fused = fused_computations(program, runs)
     scatters, expanded = _scatter_loops(program, runs)
+    narrowing = Narrowing(module, program.instructions) if cpu_program else None
     regions = _regions(program, runs)
     sums: dict[tuple[str, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
@@ -421,16 +378,18 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             if scatter is not None:
                 found: tuple[str, int, int] | None = ("gather", 0, scatter)
             else:
-                found = _classify(program, instruction, operand_shapes, instruction.name in kernel)
+                halves = _halves(narrowing, name, instruction)
+                found = _classify(program, instruction, operand_shapes, instruction.name in kernel, halves)
             if found is not None:
                 classified[instruction.name] = found
         kinds = {op: kind for op, (kind, _, _) in classified.items()}
         in_matmuls = conversions_into_matmuls(program, instructions, kinds) if cpu_program else set()
+        producers = producers_into_matmuls(program, instructions, kinds, in_matmuls) if cpu_program else set()
         for instruction in instructions:
             if instruction.name not in classified:
                 continue
             kind, flops, nbytes = classified[instruction.name]
-            nbytes = 0 if instruction.name in in_matmuls else nbytes
+            nbytes = 0 if instruction.name in in_matmuls or instruction.name in producers else nbytes
             op_name = names[instruction.name]
             if kind == "kernel" and flops and _half_visited(program, instruction, op_name, graph):
                 flops //= 2

@@ -24,7 +24,7 @@ counted in `unknown_computations`, so a caller can tell a complete figure from a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardscope.hlo.executions import Program
@@ -187,7 +187,7 @@ def _parameter_read_bytes(program: Program, users: Mapping[str, Sequence[Instruc
             first = user.operands[:1] == (value,)
             if user.opcode == "slice" or (user.opcode == "dynamic-slice" and first):
                 size += min(whole, shape_info(user.shape)[2])
-            elif user.opcode == "dynamic-update-slice" and first:
+            elif _updates_in_place(user, value, users):
                 continue
             elif user.opcode == "bitcast" or _works_in_place_on(user, value):
                 pending.append(user.name)
@@ -225,25 +225,68 @@ def _nested_read_bytes(program: Program, fusion: Instruction, operand: str, whol
     return min(whole, total)
 
 
+def _updated_in_place(convert: Instruction, users: Mapping[str, Sequence[Instruction]]) -> bool:
+    """Whether a conversion only widens a buffer that a dynamic update then changes (XLA's CPU compiler runs
+    a bfloat16 update in float32: convert, update, convert back; the TPU updates the bfloat16 buffer in
+    place, reading none of it)."""
+    readers = users.get(convert.name, [])
+    return bool(readers) and all(_updates_in_place(r, convert.name, users) for r in readers)
+
+
+def _updates_in_place(user: Instruction, value: str, users: Mapping[str, Sequence[Instruction]]) -> bool:
+    """Whether `user` changes `value` in place, reading none of it: a dynamic update of it, or a conversion
+    of it that only a dynamic update reads (`_updated_in_place`)."""
+    if user.opcode == "dynamic-update-slice":
+        return user.operands[:1] == (value,)
+    return user.opcode == "convert" and _updated_in_place(user, users)
+
+
 def _written_bytes(result: Instruction, by_name: Mapping[str, Instruction]) -> int:
-    """Bytes a fusion writes for one result: an in-place dynamic update writes only its update."""
+    """Bytes a fusion writes for one result: an in-place dynamic update writes only its update (also when
+    the CPU compiler's float normalisation converts the updated buffer back: `_updated_in_place`)."""
+    update = by_name.get(result.operands[0]) if result.opcode == "convert" and result.operands else None
+    if update is not None and update.opcode == "dynamic-update-slice":
+        element = shape_info(result.shape)[2] / max(shape_info(update.shape)[2], 1)
+        return int(_written_bytes(update, by_name) * element)
     if result.opcode == "dynamic-update-slice" and len(result.operands) > 1 and result.operands[1] in by_name:
         return hbm_bytes(by_name[result.operands[1]].shape)
     return hbm_bytes(result.shape)
 
 
-def fusion_bytes(program: Program, fusion: Instruction, operand_shapes: Sequence[str]) -> int:
-    """Bytes a fusion reads and writes: each operand as far as the fused code reads it, and its results."""
+def fusion_bytes(
+    program: Program,
+    fusion: Instruction,
+    operand_shapes: Sequence[str],
+    halved: Collection[int] = (),
+    half_result: bool = False,
+) -> int:
+    """Bytes a fusion reads and writes: each operand as far as the fused code reads it, and its results.
+    `halved`: positions of float32 operands to count at two bytes an element, and `half_result` its
+    float32 result (a CPU program's values of bfloat16 precision: `shardscope.hlo.narrowing`)."""
     called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
     inner = program.instructions(called[0]) if called else ()
     if not inner:
         return instruction_bytes(fusion, operand_shapes)
     by_name = {i.name: i for i in inner}
     users = users_of(inner)
-    read = sum(_parameter_read_bytes(program, users, i) for i in inner if i.opcode == "parameter")
+    read = 0
+    for parameter in (i for i in inner if i.opcode == "parameter"):
+        size = _parameter_read_bytes(program, users, parameter)
+        read += size // 2 if parameter_index(parameter) in halved and _is_f32(parameter.shape) else size
     root = next((i for i in inner if i.is_root), inner[-1])
-    results = [by_name[o] for o in root.operands if o in by_name] if root.opcode == "tuple" else [root]
-    return read + sum(_written_bytes(result, by_name) for result in results)
+    if root.opcode == "tuple":
+        return read + sum(_written_bytes(by_name[o], by_name) for o in root.operands if o in by_name)
+    written = _written_bytes(root, by_name)
+    return read + (written // 2 if half_result and _is_f32(root.shape) else written)
+
+
+def halved_shape(shape: str) -> str:
+    """A float32 array shape as the same array of bfloat16 (a CPU program's value of bfloat16 precision)."""
+    return "bf16" + shape.strip()[3:] if _is_f32(shape) else shape
+
+
+def _is_f32(shape: str) -> bool:
+    return shape.strip().startswith("f32[")
 
 
 def _reducer_flops(program: Program, reduce: Instruction) -> int:

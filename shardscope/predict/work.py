@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from reference_models.config import DecoderConfig
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
-from shardscope.hlo.profile import WorkBin, causal_block_fraction
+from shardscope.hlo.attention_kernels import causal_block_fraction
+from shardscope.hlo.profile import WorkBin
 from shardscope.plan.document import Plan
 from shardscope.plan.records import is_stack_name
 from shardscope.predict.layout import (
