@@ -18,7 +18,7 @@ runs and 0.82-1.01 on the DeepSeek ones (0.16-0.27 and 0.40-0.56 with conversion
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from shardscope.hlo.executions import Program
 from shardscope.hlo.records import Instruction
@@ -52,12 +52,11 @@ def fused_opcodes(program: Program, instruction: Instruction) -> set[str]:
     return opcodes - _PLUMBING
 
 
-def conversions_into_matmuls(
-    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, str]
-) -> set[str]:
-    """The ops of one computation (`kinds`: each op's kind by name) that only convert or lay out data and
-    either read a matrix op's result (directly or through other such ops) or are read by matrix ops only:
-    a TPU compile has none of them."""
+def _through_views(
+    instructions: Sequence[Instruction],
+) -> tuple[Callable[[str], str], Mapping[str, set[str]]]:
+    """(source, readers) of one computation's values: the value a name is a view of (itself unless a
+    bitcast or a tuple's element), and each value's readers other than views, seen through them."""
     by_name = {i.name: i for i in instructions}
 
     def source(value: str) -> str:
@@ -68,11 +67,22 @@ def conversions_into_matmuls(
             value = producer.operands[0]
         return value
 
-    users: dict[str, set[str]] = defaultdict(set)
+    readers: dict[str, set[str]] = defaultdict(set)
     for instruction in instructions:
         if instruction.opcode not in _VIEWS:
             for operand in instruction.operands:
-                users[source(operand)].add(instruction.name)
+                readers[source(operand)].add(instruction.name)
+    return source, readers
+
+
+def conversions_into_matmuls(
+    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, str]
+) -> set[str]:
+    """The ops of one computation (`kinds`: each op's kind by name) that only convert or lay out data and
+    either read a matrix op's result (directly or through other such ops) or are read by matrix ops only:
+    a TPU compile has none of them."""
+    by_name = {i.name: i for i in instructions}
+    source, users = _through_views(instructions)
     candidates = {
         i.name
         for i in instructions
@@ -108,20 +118,9 @@ def producers_into_matmuls(
     conversions into them (`conversions`: `conversions_into_matmuls`) or other such ops: the TPU computes
     them as the matmul reads its operand, writing none of their results (a kernel, a custom call, cannot
     take an op into itself)."""
-    by_name = {i.name: i for i in instructions}
-    users: dict[str, set[str]] = defaultdict(set)
-    for instruction in instructions:
-        for operand in instruction.operands:
-            users[operand].add(instruction.name)
-
-    def readers(name: str) -> set[str]:
-        found: set[str] = set()
-        for user in users[name]:
-            found |= readers(user) if by_name[user].opcode in _VIEWS else {user}
-        return found
-
+    _, readers = _through_views(instructions)
     candidates = {
-        i.name: readers(i.name)
+        i.name: readers[i.name]
         for i in instructions
         if kinds.get(i.name) == "memory"
         and i.name not in conversions

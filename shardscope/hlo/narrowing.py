@@ -66,12 +66,12 @@ class Narrowing:
         float, or rounded to one by the op before anything else (a fusion's parameter, a conversion)."""
         table = self._table(computation)
         fused = self._fused_table(instruction) if instruction.opcode == "fusion" else None
+        rounded_here = instruction.opcode == "convert" and _is_half(instruction.shape)
         found = set()
         for position, operand in enumerate(instruction.operands):
             producer = table.by_name.get(operand)
             if producer is None or not producer.shape.strip().startswith("f32["):
                 continue
-            rounded_here = instruction.opcode == "convert" and _is_half(instruction.shape)
             if rounded_here or self._rounds_parameter(fused, position) or self._comes_from_half(table, operand):
                 found.add(position)
         return frozenset(found)
