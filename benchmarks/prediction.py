@@ -13,11 +13,16 @@ Sections (all by default):
             Spearman rank correlation, and whether the compiled best is in the predicted top 3.
             SWEEP=model:topology[:preset,preset] picks it (default deepseek2-16b:cpu-16:ep-as-cp,ep-tp,pure-fsdp
             on v5p: 43 candidates; without presets every built-in one is searched, hundreds of compiles).
+  fit       The prediction's two HBM constants (`shardscope.predict.work`: passes over each recorded
+            activation, passes over a dropless MoE's dispatch slots) on a grid, each pair's error against
+            the stored plans' compiled expected step (dense and MoE runs; seed 003 is left out), the
+            constants in use marked. Only `fit`'s grid is in-sample; `sweep` is a search the fit never saw.
 Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import statistics
@@ -32,8 +37,9 @@ from shardscope.advise.sweep import advise, make_request
 from shardscope.cost.price import price_plan
 from shardscope.golden.cases import DEFAULT_GOLDEN_DIR, load_manifest
 from shardscope.golden.store import golden_path, load_golden
+from shardscope.plan.document import Plan
 from shardscope.plan.json import plan_from_json
-from shardscope.predict import predicted_plan
+from shardscope.predict import predicted_plan, work
 from shardscope.predict.measure import axes_errors, covered_share, gather_matches, tensors_only
 
 PLANS = Path(__file__).resolve().parent / "plans"
@@ -75,6 +81,45 @@ def goldens(root: Path = DEFAULT_GOLDEN_DIR) -> None:
         )
 
 
+def _family(stem: str) -> str:
+    return "pipeline" if "seed003" in stem else "moe" if re.search(r"mixtral|deepseek", stem) else "dense"
+
+
+def _stored_plans() -> list[tuple[str, str, Plan, float]]:
+    """(name, TPU generation, tensors-only plan, compiled expected step) of every stored run plan."""
+    found = []
+    for path in sorted(PLANS.glob("*.json")):
+        plan = plan_from_json(path.read_text(), path.name)
+        generation = match.group(1) if (match := _GENERATION.search(path.stem)) else "v5p"
+        compiled = price_plan(plan, generation).estimate
+        if compiled is not None and compiled.expected:
+            found.append((path.stem, generation, tensors_only(plan), compiled.expected))
+    return found
+
+
+def fit() -> None:
+    """The grid of (activation passes, dispatch passes): mean |error| per family against the compiles."""
+    stored = [entry for entry in _stored_plans() if _family(entry[0]) != "pipeline"]
+    chosen = (work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES)
+    print(f"\n{'activation passes':>17} {'dispatch passes':>15}   mean |error| (worst) over {len(stored)} plans")
+    try:
+        for elementwise, dispatch in itertools.product((0.8, 1.0, 1.2, 1.4, 1.6, 2.0), (4, 6, 8, 10, 12, 16)):
+            work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES = elementwise, dispatch
+            errors: dict[str, list[float]] = {"dense": [], "moe": []}
+            for stem, generation, tensors, compiled in stored:
+                predicted = price_plan(predicted_plan(tensors), generation).estimate
+                if predicted is not None and predicted.expected is not None:
+                    errors[_family(stem)].append(predicted.expected / compiled - 1)
+            summary = "   ".join(
+                f"{family} {statistics.mean(map(abs, found)):.1%} ({max(found, key=abs):+.1%})"
+                for family, found in errors.items()
+            )
+            mark = "  <- in use" if (elementwise, dispatch) == chosen else ""
+            print(f"{elementwise:>17} {dispatch:>15}   {summary}{mark}")
+    finally:
+        work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES = chosen
+
+
 def runs() -> None:
     """Every stored published-run plan: expected step and communication, compiled vs predicted."""
     print(f"\n{'published run plan':44} {'compiled':>10} {'predicted':>10} {'error':>7}   comm: compiled / predicted")
@@ -90,9 +135,7 @@ def runs() -> None:
         if compiled is None or predicted is None or not compiled.expected or predicted.expected is None:
             continue
         error = predicted.expected / compiled.expected - 1
-        family = (
-            "pipeline" if "seed003" in path.stem else "moe" if re.search(r"mixtral|deepseek", path.stem) else "dense"
-        )
+        family = _family(path.stem)
         errors[family].append(abs(error))
         print(
             f"{path.stem:44} {compiled.expected:9.3f}s {predicted.expected:9.3f}s {error:+7.1%}   "
@@ -142,11 +185,13 @@ def sweep(spec: str) -> None:
 
 
 def main(sections: list[str]) -> None:
-    chosen = sections or ["goldens", "runs", "sweep"]
+    chosen = sections or ["goldens", "runs", "fit", "sweep"]
     if "goldens" in chosen:
         goldens()
     if "runs" in chosen:
         runs()
+    if "fit" in chosen:
+        fit()
     if "sweep" in chosen:
         sweep(os.environ.get("SWEEP", DEFAULT_SWEEP))
 

@@ -12,8 +12,9 @@ op, overlapped with the collectives of the same loop body):
   chip), its backward pass the kernel's (3.5 forwards, 2.5 with the fused kernel);
 - the backward pass doubles each matmul (the gradients of the input and of the weight), and full remat runs
   the forward pass once more;
-- elementwise work (norms, activations, the residual stream): each recorded activation written and read
-  once per pass, as memory-bound bytes; the optimizer reads and writes the state once per step;
+- elementwise work (norms, activations, the residual stream): each recorded activation moved 1.2 times per
+  pass (a write and a read, less what the TPU fuses into the matmuls), as memory-bound bytes; a dropless
+  MoE's dispatch slots 10 times (`_DISPATCH_PASSES`); the optimizer reads and writes the state once per step;
 - a circular pipeline with Explicit axes adds, per step, passes over the stage's FSDP-split weights
   (their every-visit gradient buffer, `_visit_gradients`).
 A pipelined stack's loop runs once per iteration (microbatches × repeats + stages − 1: the bubble
@@ -47,9 +48,19 @@ from shardscope.predict.layout import (
     stack_of,
 )
 
-# HBM passes over a MoE block's slots per forward pass: the tokens read by the gather that fills them, the
-# slots written, read by the expert matmuls, and the outputs' slots read back by the combine's gather.
-_DISPATCH_PASSES = 4
+# HBM passes over a MoE block's slots per forward pass. As written there are four (the tokens read by the
+# gather that fills them, the slots written, read by the expert matmuls, the outputs' slots read back by the
+# combine's gather); the TPU also relays the permuted rows out to its tiled layouts and back, which its
+# compiles show as reshapes and copies as large as the gathers. Fitted (`benchmarks/prediction.py fit`) to
+# the stored plans' compiled steps: 10, about the four × the 2.4 that the CPU route's gathers are priced at
+# for the same relayouts.
+_DISPATCH_PASSES = 10
+# HBM passes per pass over each recorded activation (norms, activation functions, the residual stream). A
+# write and a read each would be 2; the TPU fuses much of this work into the matmuls beside it (a norm into
+# the projection that reads it, an activation function into its matmul's output), so it moves less. Fitted
+# with `_DISPATCH_PASSES`: 1.2, the 0.6 of a naive count at which the CPU route prices its other
+# elementwise bytes.
+_ELEMENTWISE_PASSES = 1.2
 # The name each projection's output carries for the remat policies (reference_models: checkpoint_name).
 _CHECKPOINT_NAMES = {
     "query": "query_proj",
@@ -232,7 +243,7 @@ def _elementwise(plan: Plan, every: tuple[Weight, ...], case: Case | None, token
         stack = stack_of(module, every)
         trips = stack.loop_trips if stack is not None and _in_stack(module, stack) else 1
         bubble = _bubble(case, stack, tokens, micro) if stack is not None and trips > 1 else 1.0
-        uses.append(_Use(0.0, 2.0 * record.bytes_per_device, trips, bubble))
+        uses.append(_Use(0.0, _ELEMENTWISE_PASSES * record.bytes_per_device, trips, bubble))
     return uses
 
 
