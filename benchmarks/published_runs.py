@@ -153,7 +153,7 @@ def plan_run(run: dict[str, Any], route: str) -> None:
     import dataclasses
 
     import shardscope
-    from shardscope.errors import ShardscopeError
+    from shardscope.errors import MemoryExhaustedError, ShardscopeError
 
     words, dropped = command_line(run, route)
     topology = "cpu-8" if route == "tpu" else f"cpu-{run['devices']}"  # compile_topology names the TPU one
@@ -173,6 +173,8 @@ def plan_run(run: dict[str, Any], route: str) -> None:
                 print(f"  dropped {unknown.group(1)} (not an option of this libtpu)", flush=True)
                 flags.pop(unknown.group(1))
                 continue
+            if not isinstance(err, MemoryExhaustedError):
+                raise  # not a verdict on the run: shardscope cannot plan it
             refusal.write_text(f"{err}\n")  # the compiler refused it (memory): that is the run's verdict
             print(f"  refused: {err}", flush=True)
             return
@@ -406,7 +408,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             chosen.append(runs[name])
         if len(chosen) == 1:
-            plan_run(chosen[0], args.route)
+            from shardscope.errors import ShardscopeError
+
+            try:
+                plan_run(chosen[0], args.route)
+            except ShardscopeError as err:
+                print(f"{chosen[0]['id']}: not planned: {err}", file=sys.stderr)
+                return 2
             return 0
         # A process sizes its device pool once: every run plans in a process of its own.
         for run in chosen:

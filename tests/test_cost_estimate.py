@@ -205,6 +205,24 @@ def test_multi_slice_gradients_cross_dcn(v5p_plan):
     assert estimate.communication == pytest.approx(single.communication + expected)
 
 
+def test_fsdp_across_slices_gathers_and_scatters_over_dcn(v5p_plan):
+    """With fsdp spanning the two slices (MaxText's dcn_fsdp_parallelism), the parameters sharded over fsdp
+    are gathered across slices for the forward pass and their gradients reduce-scattered back; the others'
+    gradients are all-reduced; every row is over fsdp."""
+    mesh = (("data", 1), ("stage", 1), ("fsdp", 8), ("expert", 2))
+    case = dataclasses.replace(v5p_plan.case, mesh=mesh, topology="2xv5p-16", overrides=(("dcn_axis", "fsdp"),))
+    plan = dataclasses.replace(v5p_plan, case=case)
+    estimate = estimate_plan(plan, V5P, layout_for(V5P, mesh, slices=2, dcn_axis="fsdp"))
+    params = [t for _, t in plan.tensors if t.kind == "param"]
+    split = sum(t.bytes_per_device for t in params if any("fsdp" in str(entry) for entry in t.spec))
+    whole = sum(t.bytes_per_device for t in params) - split
+    assert split and whole
+    rows = {(p.row.op, p.row.axes, p.row.pass_): p.row.bytes for p in estimate.cross_slice}
+    assert rows[("all-gather", ("fsdp",), "forward")] == 2 * split
+    assert rows[("reduce-scatter", ("fsdp",), "backward")] == 2 * split
+    assert rows[("all-reduce", ("fsdp",), "backward")] == whole
+
+
 def test_a_layout_for_another_mesh_is_refused(v5p_plan):
     with pytest.raises(HardwareError, match="is not the plan's mesh"):
         estimate_plan(v5p_plan, V5P, layout_for(V5P, {"fsdp": 8}))

@@ -107,6 +107,15 @@ def test_a_multi_slice_data_axis_must_divide():
         layout_for("v5p", {"data": 1, "fsdp": 16}, slices=2)
 
 
+def test_another_axis_may_span_the_slices():
+    # MaxText's dcn_fsdp_parallelism: fsdp (32 = 16 in a slice × 2 slices) crosses them, data stays inside.
+    layout = layout_for("v5p", {"data": 1, "fsdp": 32}, slices=2, dcn_axis="fsdp")
+    assert layout.axis("fsdp").crosses_slices and not layout.axis("data").crosses_slices
+    assert layout.group(["fsdp"], within_slice=True) == layout_for("v5p", {"data": 1, "fsdp": 16}).group(["fsdp"])
+    with pytest.raises(MeshError, match="mesh axis 'fsdp', whose size 3 is not a multiple of 2"):
+        layout_for("v5p", {"data": 32, "fsdp": 3}, slices=2, dcn_axis="fsdp")
+
+
 def test_cpu_devices_have_no_torus():
     import jax
 

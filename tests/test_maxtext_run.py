@@ -75,8 +75,17 @@ def test_dcn_axes_span_slices_and_ici_axes_fill_a_slice():
         True,
     )
     assert dict(run.mesh) == {"data": 1, "fsdp": 4, "expert": 2}
+    # FSDP is the axis across the slices then: the case says so, and places fsdp's halves on the two slices.
+    assert dict(run.settings)["dcn_axis"] == "fsdp"
+    assert "dcn_axis" not in dict(
+        maxtext_run("ici_expert_parallelism=2", "m", ("data", "fsdp", "expert"), 4, 2, True).settings
+    )
     with pytest.raises(ShardscopeError, match="multiply to 4, but the topology has 2 slices"):
         maxtext_run("dcn_data_parallelism=4", "m", ("data", "fsdp"), 4, 2, False)
+    with pytest.raises(
+        ShardscopeError, match="dcn_data_parallelism=2, dcn_fsdp_parallelism=2: shardscope joins slices"
+    ):
+        maxtext_run("dcn_data_parallelism=2 dcn_fsdp_parallelism=2", "m", ("data", "fsdp"), 4, 4, False)
 
 
 def test_pipeline_keys_size_the_stage_axis_and_default_the_microbatches():

@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 
 from shardscope.case import topology, tpu
 from shardscope.cli import app
+from shardscope.cost.price import price_plan
 from shardscope.diff import diff_plans
+from shardscope.errors import MeshError
 from shardscope.golden.store import load_golden
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "deepseek-tiny"
@@ -98,6 +100,26 @@ def test_slices_join_over_the_data_axis(plan_of):
     # Groups are numbered within one slice; mapped on the slice's own mesh they are mesh axes again.
     assert plan.collectives and all(row.axes is not None for row in plan.collectives)
     assert any(row.op == "all-to-all" and row.axes == ("expert",) for row in plan.collectives)
+
+
+def test_slices_join_over_the_axis_the_case_names(plan_of):
+    # MaxText's dcn_fsdp_parallelism=2 on two v5p-16 slices: fsdp (8 = 4 in a slice × 2) spans them.
+    from shardscope.case import resolve_case
+    from shardscope.case.resolve import resolve_maxtext_case
+
+    words = "per_device_batch_size=1 ici_expert_parallelism=2 dcn_data_parallelism=1 dcn_fsdp_parallelism=2"
+    topology = "compile_topology=v5p-16 compile_topology_num_slices=2"
+    case, _ = resolve_maxtext_case("mixtral-tiny", None, None, f"{words} {topology}")
+    assert case.topology.name == "2xv5p-16" and case.dcn_axis == "fsdp"
+    assert case.mesh_sizes["fsdp"] == 8 and case.mesh_sizes["data"] == 1
+    plan = plan_of(case)
+    # Each slice's program sees half the fsdp axis: its groups are mesh axes of that slice's mesh.
+    assert plan.collectives and all(row.axes is not None for row in plan.collectives)
+    assert any(row.axes == ("fsdp",) for row in plan.collectives)
+    priced = price_plan(plan).estimate
+    assert priced is not None and {p.row.axes for p in priced.cross_slice} == {("fsdp",)}
+    with pytest.raises(MeshError, match="unknown mesh axis 'fsdq'; did you mean 'fsdp'"):
+        resolve_case("mixtral-tiny", "default", "2xv5p-16", {"data": 1, "fsdp": -1}, {"dcn_axis": "fsdq"})
 
 
 def test_slices_need_a_data_axis_they_divide():

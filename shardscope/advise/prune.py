@@ -77,7 +77,7 @@ def screen(
     """Decides whether `candidate` is worth compiling (see the module docstring)."""
     try:
         case = resolve_case(model, candidate.preset, topology, dict(candidate.mesh), overrides)
-        check_pricing(case.topology.name, case.mesh, target.hardware_name, target.efficiency)
+        check_pricing(case.topology.name, case.mesh, target.hardware_name, target.efficiency, case.dcn_axis)
     except ShardscopeError as err:
         return Screening(candidate, INVALID, str(err))
     placed = template.place(case.mesh, pipelined=_pipelined(case))

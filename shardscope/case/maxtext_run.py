@@ -31,6 +31,7 @@ import yaml
 
 from reference_models.config import SPLASH_BLOCKS
 from shardscope.case.maxtext_keys import CHOICES, CUSTOM_REMAT_KEYS, RENAMED_KEYS, RUN_ONLY_KEYS
+from shardscope.case.topology import DCN_AXIS, DCN_SETTING
 from shardscope.errors import ShardscopeError
 
 _PARALLELISM = re.compile(r"(ici|dcn)_(\w+)_parallelism")
@@ -166,8 +167,10 @@ def maxtext_run(
         )
     if "compile_topology_num_slices" in values and values["compile_topology_num_slices"] > 0:
         slices = values["compile_topology_num_slices"]
-    mesh = _mesh(values, tuple(mesh_axes), devices_per_slice, slices)
+    mesh, across = _mesh(values, tuple(mesh_axes), devices_per_slice, slices)
     settings, warnings, defaulted = _settings(values, model_name, moe, dict(mesh))
+    if across != DCN_AXIS:
+        settings[DCN_SETTING] = across
     topology = values.get("compile_topology") or None
     if topology and slices > 1:
         topology = f"{slices}x{topology}"
@@ -197,9 +200,10 @@ def _current_names(given: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def _mesh(
     values: Mapping[str, Any], mesh_axes: tuple[str, ...], per_slice: int, slices: int
-) -> tuple[tuple[str, int], ...]:
+) -> tuple[tuple[tuple[str, int], ...], str]:
     """Every mesh axis sized as MaxText sizes it: ICI sizes within a slice (one -1 fills the slice), DCN sizes
-    across slices (one -1 fills them), the axis = ICI × DCN."""
+    across slices (one -1 fills them), the axis = ICI × DCN; and the axis that spans the slices (the one
+    whose DCN size is above 1: `data` by MaxText's default, `fsdp` with `dcn_fsdp_parallelism`)."""
     defaults = maxtext_defaults()
     sizes: dict[str, dict[str, int]] = {"ici": {}, "dcn": {}}
     for key in defaults:
@@ -239,7 +243,19 @@ def _mesh(
             )
         for axis, size in chosen.items():
             result[axis] *= size
-    return tuple((axis, result[axis]) for axis in mesh_axes)
+    return tuple((axis, result[axis]) for axis in mesh_axes), _across_slices(sizes["dcn"])
+
+
+def _across_slices(dcn: Mapping[str, int]) -> str:
+    """The one axis whose DCN size is above 1 (`data` on a single slice). Slices are joined over one axis
+    here: MaxText accepts DCN sizes on several, which shardscope does not lay out."""
+    spanning = [axis for axis, size in dcn.items() if size > 1]
+    if len(spanning) > 1:
+        keys = ", ".join(f"{_key('dcn', axis)}={dcn[axis]}" for axis in spanning)
+        raise ShardscopeError(
+            f"--maxtext {keys}: shardscope joins slices over one mesh axis; keep one dcn size above 1"
+        )
+    return spanning[0] if spanning else DCN_AXIS
 
 
 def _key(net: str, axis: str) -> str:

@@ -24,8 +24,8 @@ from shardscope.case.presets import (
 )
 from shardscope.case.rules import drop_unit_axes, entry_axes, resolve_logical
 from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
-from shardscope.case.topology import Topology, get_topology, resolve_mesh
-from shardscope.errors import ShardscopeError, unknown_name
+from shardscope.case.topology import DCN_SETTING, Topology, dcn_axis_of, get_topology, resolve_mesh
+from shardscope.errors import MeshError, ShardscopeError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,11 @@ class Case:
         return "explicit" if self.preset.shard_mode == "explicit" else "auto"
 
     @property
+    def dcn_axis(self) -> str:
+        """The mesh axis that spans the topology's slices (`data` unless `--set dcn_axis=` names another)."""
+        return dcn_axis_of(self.overrides)
+
+    @property
     def global_batch(self) -> int:
         """Sequences per step: the flavor's (or --set) global batch, else its per-device batch × devices."""
         return self.model.batch_for(self.num_devices)
@@ -83,7 +88,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
 
 def _split_settings(overrides: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(model fields without the `model.` prefix, preset settings); an unknown key fails with the known ones."""
-    known = [f"model.{f}" for f in MODEL_SETTABLE] + list(PRESET_SETTABLE)
+    known = [f"model.{f}" for f in MODEL_SETTABLE] + list(PRESET_SETTABLE) + [DCN_SETTING]
     model: dict[str, str] = {}
     preset: dict[str, str] = {}
     for key, value in overrides.items():
@@ -91,6 +96,8 @@ def _split_settings(overrides: Mapping[str, str]) -> tuple[dict[str, str], dict[
             if not _XLA_FLAG.fullmatch(key.removeprefix(XLA_PREFIX)):
                 raise ShardscopeError(f"--set {key}={value}: expected xla.<flag name> (as in LIBTPU_INIT_ARGS)")
             continue  # a compiler option: `compiler_options_for`
+        if key == DCN_SETTING:
+            continue  # checked against the mesh axes once the preset is known: `_check_dcn_axis`
         if key.startswith("model."):
             if key.removeprefix("model.") not in MODEL_SETTABLE:
                 raise unknown_name("setting", key, known)
@@ -140,6 +147,7 @@ def resolve_case(
         mesh=sizes,
         overrides=tuple(sorted(overrides.items())),
     )
+    _check_dcn_axis(case)
     _check_pipeline(case)
     _check_2d_expert_weights(case)
     _check_vocab_tiles(case)
@@ -210,6 +218,19 @@ def pipelined_model(model: DecoderConfig, preset: Preset, sizes: dict[str, int])
     if pipeline is None or stages <= 1:
         return model
     return dataclasses.replace(model, pipeline_stages=stages, pipeline_repeats=pipeline.repeats)
+
+
+def _check_dcn_axis(case: Case) -> None:
+    """The axis that spans slices is one of the preset's and divides among them (a single slice: any axis)."""
+    axis, slices = case.dcn_axis, case.topology.slices
+    named = DCN_SETTING in dict(case.overrides)
+    if axis not in case.preset.mesh_axes and (named or slices > 1):
+        raise MeshError(f"--set {DCN_SETTING}: {unknown_name('mesh axis', axis, case.preset.mesh_axes).args[0]}")
+    if slices > 1 and case.mesh_sizes[axis] % slices:
+        raise MeshError(
+            f"{slices} slices are joined over mesh axis {axis!r}, whose size {case.mesh_sizes[axis]} is not a "
+            f"multiple of {slices}; e.g. --mesh {axis}={slices}"
+        )
 
 
 def _check_pipeline(case: Case) -> None:

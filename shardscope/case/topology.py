@@ -29,8 +29,15 @@ class Topology:
 
 
 _SLICES = re.compile(r"(\d+)x(.+)")
-# The mesh axis that spans slices: data parallelism is what tolerates the slow links between them.
+# The mesh axis that spans slices: data parallelism is what tolerates the slow links between them. A case
+# may name another (`--set dcn_axis=fsdp`, as MaxText's `dcn_fsdp_parallelism` puts FSDP across slices).
 DCN_AXIS = "data"
+DCN_SETTING = "dcn_axis"
+
+
+def dcn_axis_of(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> str:
+    """The mesh axis that spans a case's slices, from its settings (a plan's `case.overrides`)."""
+    return dict(overrides).get(DCN_SETTING, DCN_AXIS)
 
 
 def get_topology(name: str) -> Topology:

@@ -99,7 +99,7 @@ def dump_command(
             print_unsized_mesh_note(case, preset)
         check_writable((output, "-o"), (None if csv is None else csv / "tensors.csv", "--csv"))
         if case is not None:
-            check_pricing(case.topology.name, case.mesh, hardware, efficiency)
+            check_pricing(case.topology.name, case.mesh, hardware, efficiency, case.dcn_axis)
         quiet_compiler_logs()
         from shardscope.golden.planning import plan_resolved_case  # lazy: a cache miss loads JAX
         from shardscope.stages.user_step import parse_step_ref

@@ -189,18 +189,19 @@ def layout_for(
     mesh: Mapping[str, int] | Sequence[tuple[str, int]],
     slices: int = 1,
     slice_shape: tuple[int, ...] | None = None,
+    dcn_axis: str = DCN_AXIS,
 ) -> Layout:
     """The layout of a mesh on a generation's standard slice of the same size (no devices needed).
 
     Args:
       hardware: a `Hardware` record or a generation name.
       mesh: ordered (axis, size) pairs, as a plan's `case.mesh`.
-      slices: slices joined over DCN; the `data` axis spans them.
+      slices: slices joined over DCN; `dcn_axis` spans them.
       slice_shape: chips per torus dimension of one slice; default: the standard slice for the mesh.
 
     Raises:
       HardwareError / MeshError: no standard slice of that size, a mesh larger (or smaller) than the
-        slice, or a multi-slice mesh whose `data` axis does not divide among the slices.
+        slice, or a multi-slice mesh whose `dcn_axis` does not divide among the slices.
     """
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     pairs = list(mesh.items()) if isinstance(mesh, Mapping) else [(str(a), int(s)) for a, s in mesh]
@@ -208,9 +209,9 @@ def layout_for(
     sizes = dict(pairs)
     if slices < 1 or devices % slices:
         raise MeshError(f"mesh {format_mesh(pairs)} ({devices} devices) does not divide among {slices} slices")
-    if slices > 1 and sizes.get(DCN_AXIS, 1) % slices:
+    if slices > 1 and sizes.get(dcn_axis, 1) % slices:
         raise MeshError(
-            f"{slices} slices are joined over mesh axis {DCN_AXIS!r}, whose size {sizes.get(DCN_AXIS, 1)} "
+            f"{slices} slices are joined over mesh axis {dcn_axis!r}, whose size {sizes.get(dcn_axis, 1)} "
             f"is not a multiple of {slices}"
         )
     per_slice = devices // slices
@@ -225,9 +226,9 @@ def layout_for(
     free = _physical_dims(hw, shape)
     placed: dict[str, tuple[Span, ...]] = {}
     for axis, size in reversed(pairs):
-        inner = size // slices if (axis == DCN_AXIS and slices > 1) else size
+        inner = size // slices if (axis == dcn_axis and slices > 1) else size
         spans, free = _place(inner, free)
-        if axis == DCN_AXIS and slices > 1:
+        if axis == dcn_axis and slices > 1:
             spans = (*spans, Span(SLICE, slices, 1, slices, False))
         placed[axis] = spans
     axes = tuple(AxisLayout(axis, size, placed[axis]) for axis, size in pairs)

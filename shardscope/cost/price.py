@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from shardscope.case.hardware import Hardware, HardwareError, load_hardware
+from shardscope.case.topology import DCN_AXIS, dcn_axis_of
 from shardscope.case.tpu import is_tpu_name, parse_tpu_slice
 from shardscope.cost.estimate import estimate_plan
 from shardscope.cost.layout import Layout, layout_for
@@ -68,10 +69,15 @@ def target_for(plan_topology: str, hardware: str | None) -> Target | None:
 
 
 def check_pricing(
-    topology: str, mesh: tuple[tuple[str, int], ...], hardware: str | None, efficiency: float | None
+    topology: str,
+    mesh: tuple[tuple[str, int], ...],
+    hardware: str | None,
+    efficiency: float | None,
+    dcn_axis: str = DCN_AXIS,
 ) -> Target | None:
     """Validates what `price_plan` will be asked before anything compiles: the generation, the efficiency,
-    and that the mesh is a slice of it. Returns the target (None: a CPU plan with no hardware named).
+    and that the mesh is a slice of it (over several slices, `dcn_axis` spanning them). Returns the target
+    (None: a CPU plan with no hardware named).
 
     Raises:
       HardwareError / MeshError: as `price_plan`.
@@ -83,13 +89,19 @@ def check_pricing(
         return None
     if efficiency is not None and not 0 < efficiency <= 1:
         raise HardwareError(f"--efficiency must be in (0, 1], found {efficiency}")
-    layout_for(target.hardware, mesh, slices=target.slices, slice_shape=target.slice_shape)
+    layout_for(target.hardware, mesh, slices=target.slices, slice_shape=target.slice_shape, dcn_axis=dcn_axis)
     return target
 
 
 def layout_of(plan: Plan, target: Target) -> Layout:
     """The plan's mesh on the target (raises MeshError/HardwareError when it does not fit the slice)."""
-    return layout_for(target.hardware, plan.case.mesh, slices=target.slices, slice_shape=target.slice_shape)
+    return layout_for(
+        target.hardware,
+        plan.case.mesh,
+        slices=target.slices,
+        slice_shape=target.slice_shape,
+        dcn_axis=dcn_axis_of(plan.case.overrides),
+    )
 
 
 def estimate_of(plan: Plan, target: Target, efficiency: float | None = None) -> Estimate:
@@ -136,7 +148,7 @@ def price_plan(plan: Plan, hardware: str | None = None, efficiency: float | None
       HardwareError / MeshError: an unknown generation, an efficiency outside (0, 1], or a mesh that is not
         a slice of that generation.
     """
-    target = check_pricing(plan.case.topology, plan.case.mesh, hardware, efficiency)
+    target = check_pricing(plan.case.topology, plan.case.mesh, hardware, efficiency, dcn_axis_of(plan.case.overrides))
     if target is None:
         return dataclasses.replace(plan, estimate=None)
     return dataclasses.replace(plan, estimate=estimate_of(plan, target, efficiency))

@@ -9,7 +9,6 @@ import jax
 
 from reference_models.sharding import is_explicit
 from shardscope.case.resolve import Case
-from shardscope.case.topology import DCN_AXIS
 from shardscope.case.tpu import libtpu_version
 from shardscope.extract.collectives import extract_collectives
 from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
@@ -77,7 +76,7 @@ def slice_mesh(case: Case) -> tuple[tuple[str, int], ...]:
     slices = case.topology.slices
     if slices == 1:
         return case.mesh
-    return tuple((axis, size // slices if axis == DCN_AXIS else size) for axis, size in case.mesh)
+    return tuple((axis, size // slices if axis == case.dcn_axis else size) for axis, size in case.mesh)
 
 
 def compute_of(module: Module) -> tuple[tuple[str, int], ...]:

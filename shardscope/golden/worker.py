@@ -53,7 +53,7 @@ def resolve_golden_case(case: GoldenCase) -> Case | StepCase:
         resolved = resolve_case(
             case.model, case.preset, case.topology, parse_mesh_arg(case.mesh), parse_overrides(case.settings)
         )
-    check_pricing(resolved.topology.name, resolved.mesh, case.hardware, case.efficiency)
+    check_pricing(resolved.topology.name, resolved.mesh, case.hardware, case.efficiency, resolved.dcn_axis)
     return resolved
 
 

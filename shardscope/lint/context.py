@@ -38,7 +38,7 @@ class LintContext:
       compiler_log: what the compiler wrote to stderr while compiling; None when not compiled, or when its
         warnings could not be captured in this process.
       hardware: the TPU generation to check memory against, if any.
-      slices: TPU slices joined over DCN (the `data` axis spans them).
+      slices: TPU slices joined over DCN (`data` spans them unless the case names another axis).
     """
 
     preset: Preset

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
-from shardscope.case.topology import DCN_AXIS
+from shardscope.case.topology import dcn_axis_of
 from shardscope.cost.memory import memory_need
 from shardscope.lint.context import LintContext, axes_text, rule_subject
 from shardscope.plan.findings import Finding
@@ -112,13 +112,14 @@ def check_expert_gathers(ctx: LintContext) -> Iterator[Finding]:
 
 
 def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
-    """`dcn-collective-in-loop`: with several slices, collectives over `data` inside the layer loop, one finding
-    per (op, axes, pass, source)."""
+    """`dcn-collective-in-loop`: with several slices, collectives over the axis that spans them (`data` unless
+    the case names another) inside the layer loop, one finding per (op, axes, pass, source)."""
+    across = dcn_axis_of(ctx.plan.case.overrides)
     if ctx.slices <= 1 or not ctx.plan.holds("collectives"):
         return
     groups: dict[tuple[str, tuple[str, ...], str, str], list[CollectiveRow]] = defaultdict(list)
     for row in ctx.plan.collectives:
-        if row.axes and DCN_AXIS in row.axes and _in_loop(row):
+        if row.axes and across in row.axes and _in_loop(row):
             groups[(row.op, row.axes, row.pass_, row.source)].append(row)
     for (op, axes, pass_, source), rows in sorted(groups.items()):
         per_iteration = sum(r.bytes * r.count for r in rows)
@@ -129,9 +130,9 @@ def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
             "dcn-collective-in-loop",
             "warning",
             f"{op} over {'+'.join(axes)} {pass_} at {source or '(top level)'}",
-            f"crosses the data-center network ({DCN_AXIS!r} spans {ctx.slices} slices) inside loops of "
+            f"crosses the data-center network ({across!r} spans {ctx.slices} slices) inside loops of "
             f"{'/'.join(trips)} trips: {len(rows)} rows ({shapes}{more}), {human_bytes(per_iteration)} per iteration",
-            f"find the tensor sharded over {DCN_AXIS!r} at {source or 'the top level'} and keep that axis to the batch",
+            f"find the tensor sharded over {across!r} at {source or 'the top level'} and keep that axis to the batch",
         )
 
 

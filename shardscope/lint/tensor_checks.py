@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
-from shardscope.case.topology import DCN_AXIS
+from shardscope.case.topology import dcn_axis_of
 from shardscope.lint.context import LintContext, LogicalAxes, axes_text, in_moe_block, rule_subject
 from shardscope.plan.findings import Finding
 from shardscope.plan.records import TensorRecord, is_stack_name
@@ -205,8 +205,9 @@ def check_large_replicated(ctx: LintContext) -> Iterator[Finding]:
 
 
 def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
-    """`dcn-weight-in-loop`: with several slices, parameters of scanned layers sharded over `data`, one finding
-    per logical name so sharded."""
+    """`dcn-weight-in-loop`: with several slices, parameters of scanned layers sharded over the axis that spans
+    them (`data` unless the case names another), one finding per logical name so sharded."""
+    across = dcn_axis_of(ctx.plan.case.overrides)
     if ctx.slices <= 1:
         return
     groups: dict[str, list[str]] = defaultdict(list)
@@ -214,7 +215,7 @@ def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
         if not any(is_stack_name(name) for name in logical):
             continue
         for dim, entry in enumerate(tensor.spec):
-            if DCN_AXIS in entry_axes(entry):
+            if across in entry_axes(entry):
                 groups[str(logical[dim])].append(path)
     for name, paths in sorted(groups.items()):
         more = f" (and {len(paths) - 1} more: {_examples(paths[1:])})" if len(paths) > 1 else ""
@@ -222,7 +223,7 @@ def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
             "dcn-weight-in-loop",
             "warning",
             paths[0],
-            f"weights of the scanned layers have {name!r} sharded over {DCN_AXIS!r}, which spans {ctx.slices} slices: "
+            f"weights of the scanned layers have {name!r} sharded over {across!r}, which spans {ctx.slices} slices: "
             f"gathered across the data-center network in every layer{more}",
-            f"take {DCN_AXIS!r} out of the rules for {name!r}; keep it to the batch",
+            f"take {across!r} out of the rules for {name!r}; keep it to the batch",
         )

@@ -125,7 +125,7 @@ def trace_case(case: Case, lenient: bool = False) -> TracedStep:
       MeshError: the mesh needs more devices than this process has.
     """
     found: list[Indivisible] | None = [] if lenient else None
-    mesh = build_mesh(case.topology, case.mesh, explicit=case.preset.shard_mode == "explicit")
+    mesh = build_mesh(case.topology, case.mesh, case.preset.shard_mode == "explicit", case.dcn_axis)
     abstract = abstract_state(case, mesh, found)
     forward = jax.jit(make_loss(case), in_shardings=(abstract.state_shardings["params"], abstract.batch_shardings))
     context = sharding_context_for(case, mesh, found)
@@ -151,7 +151,7 @@ def lower_case(case: Case) -> LoweredStep:
       ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
       MeshError: the mesh needs more devices than this process has.
     """
-    mesh = build_mesh(case.topology, case.mesh, explicit=case.preset.shard_mode == "explicit")
+    mesh = build_mesh(case.topology, case.mesh, case.preset.shard_mode == "explicit", case.dcn_axis)
     abstract = abstract_state(case, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
     step = jax.jit(

@@ -82,8 +82,11 @@ def configure_cpu_devices(count: int) -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
-def build_mesh(topology: Topology, mesh: Sequence[tuple[str, int]], explicit: bool) -> jax.sharding.Mesh:
-    """A Mesh over the first devices of the pool (or the TPU slice), with deliberate axis types."""
+def build_mesh(
+    topology: Topology, mesh: Sequence[tuple[str, int]], explicit: bool, dcn_axis: str = DCN_AXIS
+) -> jax.sharding.Mesh:
+    """A Mesh over the first devices of the pool (or the TPU slice), with deliberate axis types; over several
+    slices, `dcn_axis` spans them."""
     import jax  # lazy: JAX starts only once the pool is sized
     import numpy as np
 
@@ -99,7 +102,7 @@ def build_mesh(topology: Topology, mesh: Sequence[tuple[str, int]], explicit: bo
         if topology.slices == 1:
             grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
         else:
-            grid = _multi_slice_grid(topology, mesh, devices)
+            grid = _multi_slice_grid(topology, mesh, devices, dcn_axis)
         return jax.sharding.Mesh(grid, names, axis_types=(axis_type,) * len(mesh))
     devices = sorted(jax.devices(), key=lambda d: d.id)
     needed = math.prod(size for _, size in mesh)
@@ -112,16 +115,16 @@ def build_mesh(topology: Topology, mesh: Sequence[tuple[str, int]], explicit: bo
     return jax.sharding.Mesh(grid, names, axis_types=(axis_type,) * len(mesh))
 
 
-def _multi_slice_grid(topology: Topology, mesh: Sequence[tuple[str, int]], devices):
-    """Devices for a mesh over several slices: the data axis spans slices, every other axis stays inside one."""
+def _multi_slice_grid(topology: Topology, mesh: Sequence[tuple[str, int]], devices, dcn_axis: str):
+    """Devices for a mesh over several slices: `dcn_axis` spans slices, every other axis stays inside one."""
     from jax.experimental import mesh_utils  # lazy: JAX loads only where a case is planned
 
     sizes = dict(mesh)
-    if sizes.get(DCN_AXIS, 1) % topology.slices:
+    if sizes.get(dcn_axis, 1) % topology.slices:
         raise MeshError(
-            f"{topology.slices} slices are joined over mesh axis {DCN_AXIS!r}, whose size "
-            f"{sizes.get(DCN_AXIS, 1)} is not a multiple of {topology.slices}; e.g. --mesh {DCN_AXIS}={topology.slices}"
+            f"{topology.slices} slices are joined over mesh axis {dcn_axis!r}, whose size "
+            f"{sizes.get(dcn_axis, 1)} is not a multiple of {topology.slices}; e.g. --mesh {dcn_axis}={topology.slices}"
         )
-    within = [size // topology.slices if axis == DCN_AXIS else size for axis, size in mesh]
-    across = [topology.slices if axis == DCN_AXIS else 1 for axis, _ in mesh]
+    within = [size // topology.slices if axis == dcn_axis else size for axis, size in mesh]
+    across = [topology.slices if axis == dcn_axis else 1 for axis, _ in mesh]
     return mesh_utils.create_hybrid_device_mesh(within, across, devices=devices, allow_split_physical_axes=True)
