@@ -78,6 +78,11 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("dump", "mixtral-tiny", "--maxtext", "custom_mesh_and_rule=ep-as-cpp"), "did you mean 'ep-as-cp'"),
     (("dump", "mixtral-tiny", "--mesh", "fsdp=8", "--maxtext", "steps=1"), "size the mesh with MaxText's ici_"),
     (("lint", "mixtral-tiny", "--maxtext", "per_device_batch_size=x"), "per_device_batch_size=x: expected a number"),
+    (
+        ("dump", "mixtral-tiny", "--topology", "v5p-8", "--slices", "4", "--maxtext", "dcn_fsdp_parallelism=2"),
+        "dcn_data_parallelism=2, dcn_fsdp_parallelism=2: shardscope joins slices over one mesh axis",
+    ),
+    (("dump", "mixtral-tiny", "--set", "dcn_axis=fsdq"), "unknown mesh axis 'fsdq'; did you mean 'fsdp'?"),
     # XLA flags (`--set xla.<flag>`): options of the TPU compiler only
     (("dump", "llama-tiny", "--set", "xla.xla_tpu_enable_foo=true"), "give a TPU --topology to use them"),
     (("dump", "llama-tiny", "--set", "xla.--xla_foo=1"), "expected xla.<flag name>"),
