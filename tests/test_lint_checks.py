@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from lint_helpers import placed, plan, preset, row, run
 
@@ -301,6 +303,13 @@ def test_layer_weights_sharded_across_slices():
     (found,) = run("dcn-weight-in-loop", two)
     assert found.subject == "params/decoder/layers/w" and "have 'embed' sharded over 'data'" in found.message
     assert run("dcn-weight-in-loop", ctx_for(rules, tensors, mesh=mesh, mesh_axes=("data", "fsdp"))) == []
+    # With fsdp spanning the slices (MaxText's dcn_fsdp_parallelism), the weights split over fsdp are the ones
+    # gathered across them; data is an ordinary axis of each slice then.
+    across = ctx_for(rules, tensors, mesh=mesh, mesh_axes=("data", "fsdp"), slices=2)
+    case = dataclasses.replace(across.plan.case, overrides=(("dcn_axis", "fsdp"),))
+    across = dataclasses.replace(across, plan=dataclasses.replace(across.plan, case=case))
+    (found,) = run("dcn-weight-in-loop", across)
+    assert "have 'embed' sharded over 'fsdp', which spans 2 slices" in found.message
 
 
 def test_collectives_over_the_dcn_axis_inside_the_loop():
