@@ -221,6 +221,11 @@ def test_fsdp_across_slices_gathers_and_scatters_over_dcn(v5p_plan):
     assert rows[("all-gather", ("fsdp",), "forward")] == 2 * split
     assert rows[("reduce-scatter", ("fsdp",), "backward")] == 2 * split
     assert rows[("all-reduce", ("fsdp",), "backward")] == whole
+    # Each device exchanges its shard with its peer in the other slice: half the gathered row crosses, at the
+    # chip's 6.25e9 B/s of DCN; the all-reduce's buffer is first summed over the 4 fsdp devices of a slice.
+    times = {(p.row.op, p.row.pass_): p.time.seconds for p in estimate.cross_slice}
+    assert times[("all-gather", "forward")] == pytest.approx(1e-5 + (1 / 2) * 2 * split / 6.25e9 / 0.82)
+    assert times[("all-reduce", "backward")] == pytest.approx(2 * (1e-5 + (1 / 2) * whole / 4 / 6.25e9 / 0.82))
 
 
 def test_a_layout_for_another_mesh_is_refused(v5p_plan):

@@ -66,12 +66,14 @@ def expert_width(plan: Plan) -> int:
 
 
 def price_cross_slice(row: CollectiveRow, layout: Layout, hardware: Hardware, efficiency: float) -> RowTime:
-    """The DCN part of a cross-slice row: the per-slice program already does its part inside the slice,
-    so only 1/n of the buffer (n = the axis's devices within a slice) crosses, per device."""
+    """The DCN part of a cross-slice row. A gradient all-reduce of a parameter replicated over the axis: the
+    per-slice program already sums it inside the slice, so only 1/n of the buffer (n = the axis's devices
+    within a slice) crosses, per device. A gather or reduce-scatter of a parameter split over the axis: each
+    device exchanges its own shard with its peers in the other slices, the whole row (the shard × slices)."""
     spans = layout.group(row.axes or ())
     inner = 1
     for span in spans:
-        if span.dim != SLICE:
+        if span.dim != SLICE and row.op == "all-reduce":
             inner *= span.extent
     dcn = tuple(span for span in spans if span.dim == SLICE)
     one: CollectiveTime = collective_time(row.op, row.bytes / inner, dcn, hardware)
