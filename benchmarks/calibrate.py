@@ -7,7 +7,8 @@ peak HBM bandwidth its memory traffic reaches (`hbm_efficiency`) are found by a 
 minimising the mean squared log error of the expected step against the measured one, first over every
 generation's runs together (the constants of a generation without dense runs), then `mxu_efficiency` again
 for each generation with runs of its own (the matrix units and the compiler differ by generation; HBM
-traffic is a small part of these steps, so its fraction stays shared). MoE runs and seed 003 are never
+traffic is a small part of these steps, so its fraction stays shared). MoE runs, runs over several slices
+(their traffic between slices is inferred, a floor: `published_runs.fits_constants`) and seed 003 are never
 used (they validate). Two more, `cpu_memory_bytes_factor` and `cpu_gather_bytes_factor`, are fitted to compiles
 rather than measurements: the TPU compile's bytes of ops without matrix work, against the CPU compile's
 elementwise ones and its gathers and scatters, each at its factor, on every run planned on both routes.
@@ -43,7 +44,7 @@ def fitted_cases() -> list[tuple[str, str, float, object, list, object]]:
             continue
         # A step time logged, or derived from a logged or tabled throughput (tokens per step over tokens/s).
         measured, _ = published_runs.measured_step(run)
-        if run.get("kind") != "dense" or run.get("validation_only") or measured is None:
+        if not published_runs.fits_constants(run) or measured is None:
             continue
         generation = run["topology"].rsplit("-", 1)[0]
         for route in ("tpu", "cpu"):

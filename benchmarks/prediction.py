@@ -44,7 +44,7 @@ from shardscope.predict.measure import axes_errors, covered_share, gather_matche
 
 PLANS = Path(__file__).resolve().parent / "plans"
 DEFAULT_SWEEP = "deepseek2-16b:cpu-16:ep-as-cp,ep-tp,pure-fsdp"
-_GENERATION = re.compile(r"_(v5p|v6e|tpu7x)-")
+_GENERATION = re.compile(r"_(?:\d+x)?(v5p|v6e|tpu7x)-")
 
 
 def _kib(count: int) -> str:

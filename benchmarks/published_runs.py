@@ -11,8 +11,8 @@ measured on every run at once, and the calibration (`calibrate.py`) reads the sa
   python benchmarks/published_runs.py --markdown       the same table for the README
   python benchmarks/published_runs.py --plan ID [...]  (re)plan runs (`all`: every plannable run), --route cpu|tpu
 
-Dense runs are what `calibrate.py` fits the constants of `hardware.yaml` to; MoE runs and seed 003 are
-validation only. Each error is expected / measured - 1.
+Dense runs of one slice are what `calibrate.py` fits the constants of `hardware.yaml` to; MoE runs, runs over
+several slices and seed 003 are validation only. Each error is expected / measured - 1.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class Row:
 
     @property
     def fitted(self) -> bool:
-        """Whether the calibration uses it: a dense catalogue run with a measured step time (logged, or derived
-        from a logged or tabled throughput)."""
-        return self.run.get("kind") == "dense" and not self.run.get("validation_only") and self.measured is not None
+        """Whether the calibration uses it: a dense catalogue run of one slice (`fits_constants`) with a measured
+        step time (logged, or derived from a logged or tabled throughput)."""
+        return fits_constants(self.run) and self.measured is not None
 
     def error(self, route: str) -> float | None:
         expected = self.expected.get(route)
@@ -106,6 +106,14 @@ def plannable(run: dict[str, Any]) -> str | None:
     if not run.get("overrides"):
         return "the source gives no command line"
     return None
+
+
+def fits_constants(run: dict[str, Any]) -> bool:
+    """Whether the calibration may fit its constants to a run: a dense run of one slice. Seed 003 is held out
+    (validation); so is a run over several slices, whose traffic between slices is not in its compiled
+    program (compiled per slice) but inferred from its parameters' shardings, once a step: a floor, which
+    fitted compute constants would absorb."""
+    return run.get("kind") == "dense" and not run.get("validation_only") and int(run.get("num_slices") or 1) == 1
 
 
 def measured_step(run: dict[str, Any]) -> tuple[float | None, str]:
@@ -251,6 +259,13 @@ def mape(errors: list[float]) -> str:
     return f"{100 * sum(abs(e) for e in errors) / len(errors):.1f}%" if errors else "–"
 
 
+def _held_out(run: dict[str, Any]) -> str:
+    """Why a dense run is validation only (nothing for MoE runs, which always are)."""
+    if run.get("kind") != "dense" or run.get("validation_only"):
+        return ""
+    return f" ({run.get('num_slices')} slices)" if int(run.get("num_slices") or 1) > 1 else ""
+
+
 def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f} s"
 
@@ -263,7 +278,7 @@ def table(found: list[Row], markdown: bool) -> str:
     header = ["run", "kind", "measured", "TPU route", "error", "CPU route", "error"]
     lines = []
     for row in found:
-        kind = "dense, fitted" if row.fitted else f"{row.run.get('kind')}, validation"
+        kind = "dense, fitted" if row.fitted else f"{row.run.get('kind')}{_held_out(row.run)}, validation"
         measured = _seconds(row.measured) + (" (derived)" if row.measured_kind == "derived" else "")
         lines.append(
             [
