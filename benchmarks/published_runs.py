@@ -301,9 +301,10 @@ def table(found: list[Row], markdown: bool) -> str:
     missing = sorted({s for row in found for route in ROUTES for s in row.stale.get(route, ())})
     if missing:
         count = sum(bool(row.stale.get(route)) for row in found for route in ROUTES)
+        plans, its, them = ("1 plan was", "its", "it") if count == 1 else (f"{count} plans were", "their", "them")
         out.append(
-            f"{bullet}† {count} plans were planned before their command line's {', '.join(missing)} was modelled: "
-            "priced without it until replanned (`--plan ID --route tpu|cpu`); the MAPEs include them"
+            f"{bullet}† {plans} planned before {its} command line's {', '.join(missing)} was modelled: "
+            f"priced without it until replanned (`--plan ID --route tpu|cpu`); the MAPEs include {them}"
         )
     for route in ROUTES:
         for label, pick in (("fitted (dense)", True), ("validation", False)):
