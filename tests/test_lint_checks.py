@@ -310,6 +310,7 @@ def test_layer_weights_sharded_across_slices():
     across = dataclasses.replace(across, plan=dataclasses.replace(across.plan, case=case))
     (found,) = run("dcn-weight-in-loop", across)
     assert "have 'embed' sharded over 'fsdp', which spans 2 slices" in found.message
+    assert found.fix.endswith("or join the slices over 'data' (dcn_data_parallelism)")
 
 
 def test_collectives_over_the_dcn_axis_inside_the_loop():

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
-from shardscope.case.topology import dcn_axis_of
+from shardscope.case.topology import DCN_AXIS, dcn_axis_of
 from shardscope.cost.memory import memory_need
 from shardscope.lint.context import LintContext, axes_text, rule_subject
 from shardscope.plan.findings import Finding
@@ -132,7 +132,8 @@ def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
             f"{op} over {'+'.join(axes)} {pass_} at {source or '(top level)'}",
             f"crosses the data-center network ({across!r} spans {ctx.slices} slices) inside loops of "
             f"{'/'.join(trips)} trips: {len(rows)} rows ({shapes}{more}), {human_bytes(per_iteration)} per iteration",
-            f"find the tensor sharded over {across!r} at {source or 'the top level'} and keep that axis to the batch",
+            f"find the tensor sharded over {across!r} at {source or 'the top level'} and keep that axis to the batch"
+            + ("" if across == DCN_AXIS else f", or join the slices over {DCN_AXIS!r} (dcn_data_parallelism)"),
         )
 
 

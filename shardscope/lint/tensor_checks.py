@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
-from shardscope.case.topology import dcn_axis_of
+from shardscope.case.topology import DCN_AXIS, dcn_axis_of
 from shardscope.lint.context import LintContext, LogicalAxes, axes_text, in_moe_block, rule_subject
 from shardscope.plan.findings import Finding
 from shardscope.plan.records import TensorRecord, is_stack_name
@@ -225,5 +225,6 @@ def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
             paths[0],
             f"weights of the scanned layers have {name!r} sharded over {across!r}, which spans {ctx.slices} slices: "
             f"gathered across the data-center network in every layer{more}",
-            f"take {across!r} out of the rules for {name!r}; keep it to the batch",
+            f"take {across!r} out of the rules for {name!r}; keep it to the batch"
+            + ("" if across == DCN_AXIS else f", or join the slices over {DCN_AXIS!r} (dcn_data_parallelism)"),
         )
