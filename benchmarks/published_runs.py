@@ -113,7 +113,11 @@ def fits_constants(run: dict[str, Any]) -> bool:
     (validation); so is a run over several slices, whose traffic between slices is not in its compiled
     program (compiled per slice) but inferred from its parameters' shardings, once a step: a floor, which
     fitted compute constants would absorb."""
-    return run.get("kind") == "dense" and not run.get("validation_only") and int(run.get("num_slices") or 1) == 1
+    return run.get("kind") == "dense" and not run.get("validation_only") and _slices(run) == 1
+
+
+def _slices(run: dict[str, Any]) -> int:
+    return int(run.get("num_slices") or 1)
 
 
 def measured_step(run: dict[str, Any]) -> tuple[float | None, str]:
@@ -263,7 +267,7 @@ def _held_out(run: dict[str, Any]) -> str:
     """Why a dense run is validation only (nothing for MoE runs, which always are)."""
     if run.get("kind") != "dense" or run.get("validation_only"):
         return ""
-    return f" ({run.get('num_slices')} slices)" if int(run.get("num_slices") or 1) > 1 else ""
+    return f" ({_slices(run)} slices)" if _slices(run) > 1 else ""
 
 
 def _seconds(value: float | None) -> str:

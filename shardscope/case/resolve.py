@@ -24,7 +24,14 @@ from shardscope.case.presets import (
 )
 from shardscope.case.rules import drop_unit_axes, entry_axes, resolve_logical
 from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
-from shardscope.case.topology import DCN_SETTING, Topology, dcn_axis_of, get_topology, resolve_mesh
+from shardscope.case.topology import (
+    DCN_SETTING,
+    Topology,
+    check_spans_slices,
+    dcn_axis_of,
+    get_topology,
+    resolve_mesh,
+)
 from shardscope.errors import MeshError, ShardscopeError, unknown_name
 
 
@@ -226,11 +233,7 @@ def _check_dcn_axis(case: Case) -> None:
     named = DCN_SETTING in dict(case.overrides)
     if axis not in case.preset.mesh_axes and (named or slices > 1):
         raise MeshError(f"--set {DCN_SETTING}: {unknown_name('mesh axis', axis, case.preset.mesh_axes).args[0]}")
-    if slices > 1 and case.mesh_sizes[axis] % slices:
-        raise MeshError(
-            f"{slices} slices are joined over mesh axis {axis!r}, whose size {case.mesh_sizes[axis]} is not a "
-            f"multiple of {slices}; e.g. --mesh {axis}={slices}"
-        )
+    check_spans_slices(case.mesh_sizes, slices, axis)
 
 
 def _check_pipeline(case: Case) -> None:

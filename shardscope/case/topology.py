@@ -40,6 +40,15 @@ def dcn_axis_of(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> str
     return dict(overrides).get(DCN_SETTING, DCN_AXIS)
 
 
+def check_spans_slices(sizes: Mapping[str, int], slices: int, axis: str) -> None:
+    """Raises MeshError unless `axis` (of mesh `sizes`) divides among `slices` slices (one slice: any)."""
+    if slices > 1 and sizes.get(axis, 1) % slices:
+        raise MeshError(
+            f"{slices} slices are joined over mesh axis {axis!r}, whose size {sizes.get(axis, 1)} is not a "
+            f"multiple of {slices}; e.g. --mesh {axis}={slices}"
+        )
+
+
 def get_topology(name: str) -> Topology:
     """Parses a topology name: `cpu-N` (N fake host devices), a TPU slice (`v5p-16`, `tpu7x-8`, …), or
     several TPU slices (`2xv5p-16`, as `--slices 2` writes it).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope.case.hardware import Hardware, HardwareError, load_hardware
-from shardscope.case.topology import DCN_AXIS, format_mesh
+from shardscope.case.topology import DCN_AXIS, check_spans_slices, format_mesh
 from shardscope.case.tpu import GENERATIONS, known_tpu_names, parse_tpu_slice
 from shardscope.errors import MeshError, ShardscopeError
 
@@ -209,11 +209,7 @@ def layout_for(
     sizes = dict(pairs)
     if slices < 1 or devices % slices:
         raise MeshError(f"mesh {format_mesh(pairs)} ({devices} devices) does not divide among {slices} slices")
-    if slices > 1 and sizes.get(dcn_axis, 1) % slices:
-        raise MeshError(
-            f"{slices} slices are joined over mesh axis {dcn_axis!r}, whose size {sizes.get(dcn_axis, 1)} "
-            f"is not a multiple of {slices}"
-        )
+    check_spans_slices(sizes, slices, dcn_axis)
     per_slice = devices // slices
     shape = default_slice_shape(hw, per_slice) if slice_shape is None else tuple(slice_shape)
     capacity = math.prod(shape) * hw.devices_per_chip

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardscope.case.topology import DCN_AXIS, Topology, format_mesh
+from shardscope.case.topology import DCN_AXIS, Topology, check_spans_slices, format_mesh
 from shardscope.case.tpu import TPU_EXTRA_HINT, TpuSlice, libtpu_version
 from shardscope.errors import MeshError, ShardscopeError
 
@@ -119,12 +119,7 @@ def _multi_slice_grid(topology: Topology, mesh: Sequence[tuple[str, int]], devic
     """Devices for a mesh over several slices: `dcn_axis` spans slices, every other axis stays inside one."""
     from jax.experimental import mesh_utils  # lazy: JAX loads only where a case is planned
 
-    sizes = dict(mesh)
-    if sizes.get(dcn_axis, 1) % topology.slices:
-        raise MeshError(
-            f"{topology.slices} slices are joined over mesh axis {dcn_axis!r}, whose size "
-            f"{sizes.get(dcn_axis, 1)} is not a multiple of {topology.slices}; e.g. --mesh {dcn_axis}={topology.slices}"
-        )
+    check_spans_slices(dict(mesh), topology.slices, dcn_axis)
     within = [size // topology.slices if axis == dcn_axis else size for axis, size in mesh]
     across = [topology.slices if axis == dcn_axis else 1 for axis, _ in mesh]
     return mesh_utils.create_hybrid_device_mesh(within, across, devices=devices, allow_split_physical_axes=True)
