@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from reference_models.config import DecoderConfig
 from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer, MixtralLayer
 from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec, weights_in
-from reference_models.pipeline import PipelineRemat, run_pipeline
+from reference_models.pipeline import run_pipeline
 from reference_models.remat import pipeline_remat_policy, remat_policy
 from reference_models.sharding import ShardingContext, current_context, path_prefix, sharding_context, unsharded
 
@@ -239,15 +239,10 @@ class Decoder(nn.Module):
             with path_prefix(prefix if layout.per_visit == 1 else (*prefix, f"layers_{index}")):
                 return layer.apply({"params": params}, hidden, None)[0]
 
-        # MaxText rematerialises a pipeline's iterations under the model's policy with each layer's input
-        # kept (its pipeline remat policy). Here the layers inside a stage are rematerialised under the
-        # model's policy as outside a pipeline, and the schedule around them keeps each layer's input, so the
-        # backward pass recomputes each layer once from its kept input, as MaxText's does (a schedule that
-        # kept nothing would be recomputed whole first: every layer's forward twice).
-        remat = None
-        if cfg.remat != "none":
-            layer_policy = remat_policy(cfg.remat, cfg.remat_custom)
-            remat = PipelineRemat(layer=layer_policy, schedule=pipeline_remat_policy(cfg.remat, cfg.remat_custom))
+        # MaxText rematerialises each of a pipeline's iterations as a whole (its pipeline remat policy keeps
+        # each iteration's and each layer's input besides what the model's policy keeps); the layers inside
+        # are not rematerialised again.
+        remat = None if cfg.remat == "none" else pipeline_remat_policy(cfg.remat, cfg.remat_custom)
         gather_once = context.pipeline is not None and context.pipeline.fsdp_gather_once
         specs = _stored_specs(cfg, stack, x, context) if gather_once else None
         params = self.variables["params"]["pipeline_module"]["layers"]

@@ -70,11 +70,11 @@ class DenseGeneral(nn.Module):
 
 def _explicit_out_spec(x: jax.Array, kernel: jax.Array, contract: int) -> jax.sharding.PartitionSpec:
     """x's sharding on its kept dims, then the kernel's feature-dim sharding minus axes x already uses."""
-    kept = tuple(jax.typeof(x).sharding.spec)[: x.ndim - contract]
+    kept = jax.typeof(x).sharding.spec.partitions[: x.ndim - contract]
     kept = kept + (None,) * (x.ndim - contract - len(kept))
     used = {axis for entry in kept for axis in entry_axes(entry)}
     features = []
-    for entry in tuple(jax.typeof(kernel).sharding.spec)[contract:] + (None,) * kernel.ndim:
+    for entry in jax.typeof(kernel).sharding.spec.partitions[contract:] + (None,) * kernel.ndim:
         free = tuple(axis for axis in entry_axes(entry) if axis not in used)
         used.update(free)
         features.append(free if len(free) > 1 else (free[0] if free else None))
@@ -105,13 +105,18 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = logical_param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones)
         context = current_context()
-        if context is not None and context.explicit and jax.typeof(scale).sharding.spec != (None,):
+        if context is not None and context.explicit and jax.typeof(scale).sharding.spec.partitions not in ((), (None,)):
             # A scale sharded over an axis the batch also uses (llama2-7b's `norm` on fsdp) cannot broadcast
             # onto the activations with Explicit axes; MaxText's einsum with the activations' out_sharding
             # gathers it, as this does.
             scale = jax.sharding.reshard(scale, jax.sharding.PartitionSpec(None))
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if context is not None and context.explicit and jax.typeof(scale).sharding.spec.reduced:
+            # A scale marked reduced (a pipeline's gathered-once weights) may not meet activations split
+            # over the axes it is reduced on elementwise; MaxText's norm is an einsum, which may.
+            out = jax.typeof(x).sharding.spec
+            return jnp.einsum("...k,k->...k", normed.astype(x.dtype), scale.astype(x.dtype), out_sharding=out)
         return (normed * scale).astype(x.dtype)
 
 

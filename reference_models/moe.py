@@ -158,7 +158,7 @@ def _permute_rows(rows: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.
     of one partial permutation of rows. Its backward pass is the gather the other way (MaxText's
     `_sort_activations` with `use_custom_sort_vjp`), not the scatter-add JAX would otherwise transpose the
     gather into: each row goes to at most one place, so nothing is added."""
-    return rows.at[index].get(mode="fill", fill_value=0)
+    return rows.at[_unsigned(index)].get(mode="fill", fill_value=0)
 
 
 def _permute_rows_forward(rows, index, inverse):
@@ -166,7 +166,15 @@ def _permute_rows_forward(rows, index, inverse):
 
 
 def _permute_rows_backward(inverse, grad):
-    return grad.at[inverse].get(mode="fill", fill_value=0), None, None
+    return grad.at[_unsigned(inverse)].get(mode="fill", fill_value=0), None, None
+
+
+def _unsigned(index: jax.Array) -> jax.Array:
+    """Inside a pipeline's vmap over stages, an index the gather takes as it is: a signed one is first
+    wrapped where negative, a computation whose constant does not vary over the mesh axis the vmap adds to
+    the shard_map (which then fails its varying-axis check). Elsewhere the index as it is."""
+    context = current_context()
+    return index.astype(jnp.uint32) if context is not None and context.pipeline is not None else index
 
 
 _permute_rows.defvjp(_permute_rows_forward, _permute_rows_backward)

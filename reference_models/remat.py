@@ -66,13 +66,13 @@ def remat_policy(name: str, custom: Sequence[tuple[str, str]] = ()) -> Callable[
 
 
 def pipeline_remat_policy(name: str, custom: Sequence[tuple[str, str]] = ()) -> Callable[..., Any]:
-    """The policy of a pipeline's rematerialised schedule (`name` one of `config.REMAT_POLICIES` other than
-    "none"): each layer's input (`decoder_layer_input`) kept, on the device or, when the custom policy
-    offloads it, in host memory; the layers inside are rematerialised under `remat_policy`."""
-    offloaded = ("decoder_layer_input", "offload") in tuple(custom) if name == "custom" else False
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[] if offloaded else ["decoder_layer_input"],
-        names_which_can_be_offloaded=["decoder_layer_input"] if offloaded else [],
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
+    """The policy a pipeline's iterations are rematerialised under (MaxText's `get_pipeline_remat_policy`;
+    `name` one of `config.REMAT_POLICIES` other than "none"): a custom policy as it is (it says itself where
+    each layer's input goes); any other keeps, besides what the model's policy keeps, each iteration's
+    input (`iteration_input`) and each layer's (`decoder_layer_input`)."""
+    model = remat_policy(name, custom)
+    if name == "custom":
+        assert model is not None
+        return model
+    inputs = jax.checkpoint_policies.save_only_these_names("iteration_input", "decoder_layer_input")
+    return inputs if model is None else jax.checkpoint_policies.save_from_both_policies(model, inputs)

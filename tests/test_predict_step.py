@@ -71,9 +71,9 @@ def test_weight_traffic_moves_in_the_activations_dtype():
 
 
 def test_a_pipelines_sends_and_per_iteration_gathers_are_predicted():
-    # Seed 003 (llama2-7b, 2 stages × fsdp 2, 8 microbatches, circular): the weights are gathered and their
-    # gradients summed in every pipeline iteration, and each iteration sends a microbatch to the next stage.
-    compiled = stored("seed003-fsdp-pp-auto.tpu")
+    # Seed 003 (llama2-7b, 2 stages × fsdp 2, 8 microbatches, circular, Explicit axes): the weights'
+    # gradients are summed in every pipeline iteration, and each iteration sends a microbatch to the next stage.
+    compiled = stored("seed003-fsdp-pp-explicit.tpu")
     predicted = predicted_plan(tensors_only(compiled))
     ours, theirs = traffic_by_axes(predicted), traffic_by_axes(compiled)
     assert ("stage",) in ours

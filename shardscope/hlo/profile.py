@@ -229,14 +229,25 @@ def _moves_rows(program: Program, instruction: Instruction) -> bool:
     return bool(fused_opcodes(program, instruction) & _ROW_OPS)
 
 
-def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
+def _kernel_ops(program: Program, instructions: Sequence[Instruction]) -> set[str]:
     """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
     compiler added around them without a name of their own (the CPU compiler's layout copies and
-    conversions of the scores carry no metadata), found through their operands and users."""
+    conversions of the scores carry no metadata), found through their operands and users. An unnamed
+    matmul is the kernel's only when it is batched (over heads, as attention's are) or the op that reads it
+    is the kernel's (see `_op_names`): the CPU compiler's library fusions of a vmapped layer's projections,
+    plain matrix products read by the layer's own ops, carry no metadata either, and sit next to the
+    kernel's copies."""
     kernel = {i.name for i in instructions if KERNEL_SCOPE in _op_name(i)}
     if not kernel:
         return kernel
-    unnamed = {i.name for i in instructions if not _op_name(i) and i.opcode not in NO_ACCESS}
+    inherited = _op_names(_graph(instructions))
+    unnamed = {
+        i.name
+        for i in instructions
+        if not _op_name(i)
+        and i.opcode not in NO_ACCESS
+        and (KERNEL_SCOPE in inherited[i.name] or not _unbatched_matmul(program, i))
+    }
     neighbours: dict[str, set[str]] = defaultdict(set)
     for i in instructions:
         for operand in i.operands:
@@ -258,6 +269,19 @@ def _kernel_ops(instructions: Sequence[Instruction]) -> set[str]:
         if i.opcode == "broadcast" and users[i.name] and all(u in kernel for u in users[i.name]):
             kernel.add(i.name)
     return kernel
+
+
+def _unbatched_matmul(program: Program, instruction: Instruction) -> bool:
+    """Whether an op is, or fuses, a dot without batch dimensions."""
+    if instruction.opcode == "dot":
+        return instruction.attribute("lhs_batch_dims") is None
+    return any(
+        _unbatched_matmul(program, inner)
+        for attribute, callee in instruction.callees()
+        if attribute == "calls"
+        for inner in program.instructions(callee)
+        if inner.opcode in ("dot", "fusion")
+    )
 
 
 def _classify(
@@ -368,7 +392,7 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             continue
         shapes = program.shapes(name)
         instructions = program.instructions(name)
-        kernel = _kernel_ops(instructions)
+        kernel = _kernel_ops(program, instructions)
         graph = _graph(instructions)
         names = _op_names(graph)
         classified: dict[str, tuple[str, int, int]] = {}

@@ -273,11 +273,33 @@ def fusion_bytes(
     for parameter in (i for i in inner if i.opcode == "parameter"):
         size = _parameter_read_bytes(program, users, parameter)
         read += size // 2 if parameter_index(parameter) in halved and _is_f32(parameter.shape) else size
+    read += _materialised_scatters(inner, by_name, users)
     root = next((i for i in inner if i.is_root), inner[-1])
     if root.opcode == "tuple":
         return read + sum(_written_bytes(by_name[o], by_name) for o in root.operands if o in by_name)
     written = _written_bytes(root, by_name)
     return read + (written // 2 if half_result and _is_f32(root.shape) else written)
+
+
+def _materialised_scatters(
+    inner: Sequence[Instruction], by_name: Mapping[str, Instruction], users: Mapping[str, Sequence[Instruction]]
+) -> int:
+    """Bytes of the buffers a fusion's scatter into a broadcast (a dynamic-update-slice of it that is not
+    the fusion's result) needs on a TPU: the CPU compiler fuses a value scattered into zeros and then
+    sliced (a pipeline's visit gradient, then this device's share of it) into one loop, where the TPU's
+    writes the zeros out, updates them in place and reads the share back from memory."""
+    extra = 0
+    for instruction in inner:
+        if instruction.opcode != "dynamic-update-slice" or instruction.is_root:
+            continue
+        base, update = (by_name.get(operand) for operand in instruction.operands[:2])
+        if base is None or base.opcode != "broadcast":
+            continue
+        extra += hbm_bytes(instruction.shape) + (hbm_bytes(update.shape) if update is not None else 0)
+        extra += sum(
+            hbm_bytes(user.shape) for user in users.get(instruction.name, ()) if user.opcode == "dynamic-slice"
+        )
+    return extra
 
 
 def halved_shape(shape: str) -> str:

@@ -44,6 +44,8 @@ class Weight:
     # The same slice at every trip of its loop (a one-visit pipeline's stage layer, which MaxText's layout
     # keeps as a weight of its own): the compiler moves its gathers out of the loop, once per step.
     invariant: bool = False
+    # Layers of the stack this device holds (a pipeline stage's: every visit's).
+    held_layers: int = 1
 
     @property
     def stacked(self) -> bool:
@@ -219,6 +221,7 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
         kept_axes=in_mesh_order(plan, kept),
         stack_axes=in_mesh_order(plan, stack),
         invariant=pipeline is not None and pipeline.repeats == 1 and held == 1,
+        held_layers=held,
     )
 
 

@@ -19,7 +19,7 @@ from shardscope.predict.layout import Placement, dot_operand_dtype, moved_dtype,
 from shardscope.predict.moe import expert_partial_sums, expert_token_sums, moe_exchanges
 from shardscope.predict.pipeline import pipeline_collectives
 from shardscope.predict.rules import preset_moe, preset_rules, rules_on
-from shardscope.predict.weights import GatheredOnce, gradient_sum, weight_gathers
+from shardscope.predict.weights import STORED_DTYPE, GatheredOnce, gradient_sum, weight_gathers
 from shardscope.predict.work import expert_slots, kept_outputs, predicted_work, recomputed
 
 PREDICTED = "predicted"  # the provenance key a predicted plan carries (value True)
@@ -72,10 +72,10 @@ def predict_collectives(
     if (once or zero1) and case is not None:
         auto = plan.case.axis_types != "explicit"
         narrow = dot_operand_dtype(moved_dtype("float32", case))
-        # A circular schedule picks each step's visit at a traced index: its gradient is whole at every step.
-        circular = pipeline is not None and pipeline.repeats > 1
-        carried = narrow if on_tpu and auto and pipeline is not None and not circular else None
-        summed_once = GatheredOnce(once, carried, narrow if on_tpu else None, zero1)
+        carried = narrow if on_tpu and auto and pipeline is not None else None
+        # With Explicit axes each iteration's gradient of the stack's weights is summed as they are stored.
+        per_step = STORED_DTYPE if on_tpu and not auto and pipeline is not None else None
+        summed_once = GatheredOnce(once, carried, per_step, zero1)
     for weight in every:
         dtype = moved_dtype(weight.record.dtype, case)
         # A TPU program narrows a float32 weight with head or expert dimensions before gathering it.

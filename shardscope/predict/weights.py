@@ -67,6 +67,9 @@ def weight_gathers(
     return tuple(rows)
 
 
+STORED_DTYPE = "stored"  # `GatheredOnce.per_step`: the weight's dtype as stored
+
+
 @dataclass(frozen=True)
 class GatheredOnce:
     """Weights gathered once per step rather than in every layer: a pipeline's stack over `axes`, before
@@ -74,10 +77,11 @@ class GatheredOnce:
     compiled step sums their gradient over those axes.
 
     `carried`: the dtype a TPU program with Auto axes sums it in, once for the stack, after carrying the
-    partial sums through a schedule of one visit per stage. None: summed at every step, as over any token
-    axis (a CPU program; Explicit axes, whose types make every step's gradient whole; a circular schedule,
-    whose steps pick their visit's layers at a traced index), in `per_step` (a TPU program's: the matmul's
-    output type, None: the gradient's)."""
+    partial sums through the schedule (MaxText's own compiles of seed 003 do so too). None: summed at every
+    step, as over any token axis (a CPU program; Explicit axes, whose types make every step's gradient
+    whole), in `per_step` (None: the gradient's dtype; `STORED_DTYPE`: the weight's as stored, in which a TPU
+    program with Explicit axes sums each iteration's gradient of a pipeline's weights, as MaxText's own
+    compiles of seed 003 do)."""
 
     axes: tuple[str, ...] = ()
     carried: str | None = None
@@ -110,17 +114,24 @@ def gradient_sum(
     after = in_mesh_order(plan, set(axes) & whole_over) if weight.stack_axes else ()
     rows: list[CollectiveRow] = []
     if after and once.carried is not None:
-        # A trip is the stage: its layers' gradients summed once.
+        # The stage's layers' gradients (every visit's) summed once.
         rows.append(
             collective_row(
-                "all-reduce", after, weight.layer_shape, once.carried, "backward", weight.module, cause, weight.per_trip
+                "all-reduce",
+                after,
+                weight.layer_shape,
+                once.carried,
+                "backward",
+                weight.module,
+                cause,
+                weight.held_layers,
             )
         )
         axes = tuple(a for a in axes if a not in after)
         if not axes:
             return tuple(rows)
     elif after and once.per_step is not None:
-        dtype = once.per_step
+        dtype = weight.record.dtype if once.per_step == STORED_DTYPE else once.per_step
     # Over the axes the weight is split on, the whole gradient is summed and each device keeps its shard;
     # over the batch axes it is not split on (pure data parallelism for this weight), only that shard is
     # summed, as the compiled goldens do it.

@@ -318,18 +318,20 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     return tuple(sorted(bins, key=lambda entry: entry.key))
 
 
-# HBM passes per pipeline step over a weight's visit-gradient buffer: written (materialised), then read with
-# the gradient it is added into, which is written back.
-_VISIT_GRADIENT_PASSES = 4
+# HBM passes per pipeline step over a weight's gradient (as a device stores it) when the step's visit
+# gradient is added into it: the share of all the visits' buffer it is sliced from read, the gradient read
+# and written back.
+_VISIT_GRADIENT_PASSES = 3
 _AUTO_VISIT_PASSES = 2
 
 
 def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -> list[WorkBin]:
     """A circular pipeline's per-step passes over its stage's weights. With Explicit axes, where the stage
-    weights are split beyond the stage axis (FSDP): each step's weight gradient is a buffer of every visit's
-    weights, materialised and added into the split gradient (reference_models.pipeline `_pick_visit`): per
-    step, that many passes over each such weight as a device holds it. With Auto axes, the update of the
-    gradient buffer the traced-index pick makes (`_AUTO_VISIT_PASSES`)."""
+    weights are split beyond the stage axis (FSDP), MaxText's compile makes each step's weight gradient a
+    buffer of every visit's weights as gathered (zeros written, the step's visit scattered in: g + 2g/repeats
+    passes over the weight as stored, g the gathered axes' size), of which this device's share is added into
+    the split gradient (`_VISIT_GRADIENT_PASSES`). With Auto axes, the update of the gradient buffer the
+    traced-index pick makes (`_AUTO_VISIT_PASSES`)."""
     pipeline = None if case is None else case.preset.pipeline
     if case is None or pipeline is None or pipeline.repeats < 2:
         return []
@@ -348,9 +350,12 @@ def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -
         else:
             # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
             split = {axis for entry in weight.record.spec for axis in entry_axes(entry)} - set(weight.stack_axes)
-            if not any(sizes.get(axis, 1) > 1 for axis in split - {case.preset.shard_optimizer_over}):
+            split -= {case.preset.shard_optimizer_over}
+            gathered = math.prod(sizes.get(axis, 1) for axis in split)
+            if gathered == 1:
                 continue
-            per_step = _VISIT_GRADIENT_PASSES * weight.record.bytes_per_device
+            passes = _VISIT_GRADIENT_PASSES + gathered * (1 + 2 / pipeline.repeats)
+            per_step = round(passes * weight.record.bytes_per_device)
         nbytes_ = per_step * weight.loop_trips
         bins.append(
             WorkBin("memory", "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips)
