@@ -6,11 +6,14 @@ waits for it (a hand-off); `state_io` hands each stage's slot of inputs and outp
 in a circular schedule that stores outputs between visits, the last output goes round to stage 0's store.
 The backward pass runs each of them transposed, overlapped with the recomputed forward pass.
 
-At its edge, with Explicit mesh axes the pipeline's shard_map closes every other axis: the microbatches are
-gathered over the stages on the way in and the outputs on the way out (and the outputs' gradient in the
-backward pass), each stage's weights and (in a CPU program) its loop state are gathered whole over the
-closed axes once per step in each pass, besides the gathers each layer makes inside; and the logits'
-gradient, split over the stages outside, is gathered over them to meet the output. Not predicted: the
+At its edge, with Explicit mesh axes: the reshapes into and out of the loop state gather the microbatches
+over the stages on the way in and the outputs on the way out (and the outputs' gradient in the backward
+pass); each stage's weights are gathered whole over the other axes once per step in each pass (placed on
+the stage axis alone at every iteration, MaxText's `shard_dim_by_stages` without a spec, which the scan
+hoists out of its loop), and in a CPU program its loop state too, besides the gathers each layer makes
+inside; and the logits' gradient, split over the stages outside, is gathered over them to meet the output.
+Not followed yet: the MoE models' explicit pipelines, whose vmap over the stages batches the MoE's
+shard_map with the stage dimension replicated (tests/test_predict.py: UNFOLLOWED_PIPELINES). Not predicted: the
 all-to-alls over the batch axes that split the batch into contiguous microbatches and join them again
 (Auto and Explicit alike; MaxText's own programs have them too), a few hundred MB per step on seed 003.
 """
