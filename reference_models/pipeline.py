@@ -201,11 +201,7 @@ class _VisitWeights:
             if not stage_weight:
                 entries = [placeholder] * (dim + 1) + entries[dim:]
         entries[dim] = self.plan.axis
-        if self.context.explicit:
-            return jax.sharding.reshard(x, PartitionSpec(*entries))
-        return jax.lax.with_sharding_constraint(
-            x, jax.sharding.NamedSharding(self.context.mesh, PartitionSpec(*entries))
-        )
+        return place(self.context, x, PartitionSpec(*entries))
 
     def marked_reduced(self, stage_params: Any) -> Any:
         """One stage's weights of a visit (inside the vmap over stages) as MaxText types the gathered-once

@@ -229,24 +229,23 @@ def _moves_rows(program: Program, instruction: Instruction) -> bool:
     return bool(fused_opcodes(program, instruction) & _ROW_OPS)
 
 
-def _kernel_ops(program: Program, instructions: Sequence[Instruction]) -> set[str]:
+def _kernel_ops(program: Program, instructions: Sequence[Instruction], names: Mapping[str, str]) -> set[str]:
     """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
     compiler added around them without a name of their own (the CPU compiler's layout copies and
     conversions of the scores carry no metadata), found through their operands and users. An unnamed
     matmul is the kernel's only when it is batched (over heads, as attention's are) or the op that reads it
-    is the kernel's (see `_op_names`): the CPU compiler's library fusions of a vmapped layer's projections,
-    plain matrix products read by the layer's own ops, carry no metadata either, and sit next to the
-    kernel's copies."""
+    is the kernel's (`names`: each op's name, see `_op_names`): the CPU compiler's library fusions of a
+    vmapped layer's projections, plain matrix products read by the layer's own ops, carry no metadata
+    either, and sit next to the kernel's copies."""
     kernel = {i.name for i in instructions if KERNEL_SCOPE in _op_name(i)}
     if not kernel:
         return kernel
-    inherited = _op_names(_graph(instructions))
     unnamed = {
         i.name
         for i in instructions
         if not _op_name(i)
         and i.opcode not in NO_ACCESS
-        and (KERNEL_SCOPE in inherited[i.name] or not _unbatched_matmul(program, i))
+        and (KERNEL_SCOPE in names[i.name] or not _unbatched_matmul(program, i))
     }
     neighbours: dict[str, set[str]] = defaultdict(set)
     for i in instructions:
@@ -392,9 +391,9 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             continue
         shapes = program.shapes(name)
         instructions = program.instructions(name)
-        kernel = _kernel_ops(program, instructions)
         graph = _graph(instructions)
         names = _op_names(graph)
+        kernel = _kernel_ops(program, instructions, names)
         classified: dict[str, tuple[str, int, int]] = {}
         for instruction in instructions:
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
