@@ -119,18 +119,19 @@ def cpu_bytes_factors() -> tuple[tuple[float, float] | None, list[tuple[str, flo
             points.append(
                 (
                     run["id"],
-                    bytes_of(tpu_plan, "memory", "gather"),
-                    *(bytes_of(cpu_plan, k) for k in ("memory", "gather")),
+                    bytes_of(tpu_plan, "memory", "gather", "buffer"),
+                    *(bytes_of(cpu_plan, k) for k in ("memory", "gather", "buffer")),
                 )
             )
     if not points:
         return None, []
 
+    # A CPU compile's `buffer` bytes are the TPU's as counted (`shardscope.hlo.profile`): no factor.
     def loss(memory: float, gather: float) -> float:
-        return sum(math.log((memory * m + gather * g) / t) ** 2 for _, t, m, g in points)
+        return sum(math.log((memory * m + gather * g + b) / t) ** 2 for _, t, m, g, b in points)
 
     best = min(((m, g) for m in FACTOR_GRID for g in FACTOR_GRID), key=lambda pair: (loss(*pair), pair))
-    return best, [(run_id, t / (m + g), g / (m + g)) for run_id, t, m, g in points]
+    return best, [(run_id, t / (m + g + b), g / (m + g + b)) for run_id, t, m, g, b in points]
 
 
 def main() -> int:

@@ -33,6 +33,8 @@ from shardscope.hlo.profile import work_profile
 PROGRAMS = Path(__file__).resolve().parent / "maxtext_programs"
 # The same compiles' memory figures: their memory analysis and the heap their buffer assignment allocates.
 MEMORY = PROGRAMS / "memory.json"
+# The work kinds whose bytes are HBM traffic of ops without matrix work.
+TRAFFIC = ("memory", "gather", "buffer")
 # MaxText's mesh at the seed's commit: with pipeline parallelism the stage axis comes first.
 MESH_AXES = ("stage", "data", "fsdp", "fsdp_transpose", "sequence", "context", "context_autoregressive")
 MESH_AXES += ("tensor", "tensor_transpose", "tensor_sequence", "expert", "autoregressive")
@@ -72,9 +74,7 @@ def main() -> int:
         measured = runs[run_id]["measured"]["step_time_s"]
         priced = [price_plan(plan, None).estimate.expected for plan in (theirs, ours)]
         errors = [f"{value / measured - 1:+.1%}" for value in priced]
-        traffic = (
-            f"{bytes_of(theirs, 'memory', 'gather') / 1e12:.2f} / {bytes_of(ours, 'memory', 'gather') / 1e12:.2f} TB"
-        )
+        traffic = f"{bytes_of(theirs, *TRAFFIC) / 1e12:.2f} / {bytes_of(ours, *TRAFFIC) / 1e12:.2f} TB"
         print(
             f"{run_id:28s} {measured:8.2f}s {priced[0]:15.2f}s {errors[0]:>7s} {priced[1]:10.2f}s {errors[1]:>7s}"
             f" {traffic:>34s}"

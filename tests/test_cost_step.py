@@ -159,8 +159,11 @@ def test_a_cpu_programs_gathers_and_elementwise_ops_count_at_their_own_factors()
     memory, gather = work("memory", 1, 0, 10**10), work("gather", 1, 0, 10**10)
     assert bin_seconds(memory, tuned, cpu_program=True) == pytest.approx(0.25 * 10**10 / rate)
     assert bin_seconds(gather, tuned, cpu_program=True) == pytest.approx(0.75 * 10**10 / rate)
-    # A TPU compile's bytes are the TPU's: no factor, a gather as any op without matrix work.
+    # A TPU compile's bytes are the TPU's: no factor, a gather as any op without matrix work; and so are a
+    # CPU compile's buffers of a scatter into zeros, counted as the TPU writes them.
     assert bin_seconds(gather, tuned) == bin_seconds(memory, tuned) == pytest.approx(10**10 / rate)
+    buffer = work("buffer", 1, 0, 10**10)
+    assert bin_seconds(buffer, tuned, cpu_program=True) == bin_seconds(buffer, tuned) == pytest.approx(10**10 / rate)
 
 
 def test_collectives_hide_behind_the_compute_of_the_loop_they_run_in_and_no_other():
@@ -285,6 +288,33 @@ def test_unnamed_ops_next_to_the_kernel_are_the_kernels():
     assert memory.bytes == 3 * 128 * 64 * 4  # the named add is not the kernel's
 
 
+# A vmapped layer on the CPU: the query projection runs as a library fusion without metadata, its result
+# converted (unnamed too) and read by the kernel's reshape; what it multiplies is the layer's normalised input.
+PROJECTION_INTO_KERNEL = """HloModule projection
+
+ENTRY main {
+  x = f32[256,64]{1,0} parameter(0)
+  w = f32[64,64]{1,0} parameter(1)
+  normed = f32[256,64]{1,0} multiply(x, x), metadata={op_name="jit(step)/jvp(layer)/pre_attention_norm/mul"}
+  projected = f32[256,64]{1,0} dot(normed, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  narrowed = bf16[256,64]{1,0} convert(projected)
+  heads = bf16[4,64,64]{2,1,0} reshape(narrowed),
+    metadata={op_name="jit(step)/jvp(layer)/attention/flash_attention/reshape"}
+  ROOT scores = bf16[4,64,64]{2,1,0} dot(heads, heads), lhs_batch_dims={0}, rhs_batch_dims={0},
+    lhs_contracting_dims={2}, rhs_contracting_dims={2},
+    metadata={op_name="jit(step)/jvp(layer)/attention/flash_attention/dot_general"}
+}
+"""
+
+
+def test_a_projection_the_kernel_reads_is_a_matmul_of_its_own():
+    # Its reader is the kernel's, but the named op it reads is the layer's: a matmul at its own bytes, where
+    # counting it with the kernel priced it at the kernel's efficiency (a pipeline's stages on the CPU route).
+    bins = work_profile(read_module(PROJECTION_INTO_KERNEL))
+    flops = {kind: sum(entry.flops for entry in bins if entry.kind == kind) for kind in ("kernel", "matmul")}
+    assert flops == {"kernel": 2 * 4 * 64 * 64 * 64, "matmul": 2 * 256 * 64 * 64}
+
+
 # The CPU compiler writes the stand-in's matmuls out anew without metadata: one against the other sequence
 # shards' keys (its reader in the off-diagonal scope), one of the scope's probabilities whose result a
 # combining add outside the scope reads, and one of the diagonal block's (neither).
@@ -366,6 +396,29 @@ def test_a_pallas_attention_kernel_is_the_kernel_with_the_flops_its_shapes_and_c
     assert sum(entry.flops for entry in kernel) == round((2 + 4) * one_matmul * 10 / 16)
     assert all(entry.bytes == 0 for entry in kernel)
     assert sum(entry.ops for entry in bins if entry.kind == "memory") == 1  # other_kernel.1
+
+
+def test_a_kernel_named_after_the_shard_map_around_it_is_told_by_its_op_name():
+    # Inside a vmap (a pipeline's stages with Explicit axes) the TPU compiler names each kernel call after the
+    # shard_map around it; only its op_name keeps the kernel's own name, and with it the kernel's pass.
+    scope = "jit(train_step)/vmap(LlamaLayer)/self_attention/shard_map/vmap(static_sparsity_splash)"
+    renamed = SPLASH
+    for number, (kernel, pass_name) in enumerate(
+        (
+            ("splash_mha_fwd_residuals_block_q_256.1", "splash_mha_fwd_residuals"),
+            ("splash_mha_dkv_block_q_dkv_256.1", "splash_mha_dkv_no_residuals"),
+        )
+    ):
+        metadata = f'metadata={{op_name="{scope}/jit(_splash_attention)/{pass_name}/shard_map/pallas_call"}}'
+        renamed = renamed.replace(f"{kernel} =", f"shard_map.{number} =").replace(
+            f"({kernel})", f"(shard_map.{number})"
+        )
+        renamed = renamed.replace(
+            'custom_call_target="tpu_custom_call"\n', f'custom_call_target="tpu_custom_call", {metadata}\n', 1
+        )
+    assert "splash_mha_fwd_residuals_block" not in renamed and renamed.count("pallas_call") == 2
+    flops = [sum(e.flops for e in work_profile(read_module(text)) if e.kind == "kernel") for text in (renamed, SPLASH)]
+    assert flops[0] == flops[1] > 0
 
 
 def test_a_kernel_of_longer_query_blocks_than_key_blocks_visits_its_causal_blocks_only():

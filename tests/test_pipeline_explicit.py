@@ -10,10 +10,8 @@ from __future__ import annotations
 import pytest
 
 from shardscope.case import resolve_case
-from shardscope.hlo.executions import Program
 from shardscope.hlo.module import read_module
-from shardscope.hlo.records import users_of
-from shardscope.hlo.work import _materialised_scatters
+from shardscope.hlo.profile import work_profile
 
 FSDP = {"data": 1, "stage": 2, "fsdp": 2, "expert": 2}
 STAGE_ONLY = {"data": 4, "stage": 2, "fsdp": 1, "expert": 1}
@@ -22,20 +20,14 @@ PIPELINED = "params/decoder/pipeline_module/layers/"  # MaxText's pipeline layou
 
 
 def scattered_buffer_bytes(compile_cached, mode: str, mesh: dict[str, int]) -> int:
-    """Bytes per execution of the compiled step's fusions that scatter into a broadcast buffer and read a
-    slice of it back (`shardscope.hlo.work._materialised_scatters`), with the weights gathered once."""
+    """Bytes per step of the buffers the compiled step's fusions scatter into and read a slice of back (the
+    work profile's `buffer` bins: `shardscope.hlo.work.materialised_scatter_bytes`), with the weights
+    gathered once."""
     overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": mode}
     overrides["pipeline.fsdp_gather_once"] = "true"
     step = compile_cached(resolve_case("llama-tiny", "explicit-pipeline", mesh=mesh, overrides=overrides))
-    program = Program(read_module(step.compiled.as_text()))
-    total = 0
-    for name in program.executions_per_step():
-        for fusion in (i for i in program.instructions(name) if i.opcode == "fusion"):
-            for attribute, callee in fusion.callees():
-                if attribute == "calls":
-                    inner = program.instructions(callee)
-                    total += _materialised_scatters(inner, {i.name: i for i in inner}, users_of(inner))
-    return total
+    profile = work_profile(read_module(step.compiled.as_text()), cpu_program=True)
+    return sum(entry.bytes for entry in profile if entry.kind == "buffer")
 
 
 def test_explicit_gathered_once_adds_each_visits_gradient_into_the_stored_split(compile_cached):

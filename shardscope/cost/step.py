@@ -47,7 +47,7 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
     TPU still fuses more of the other ops without matrix work, which count at the table's
     `cpu_memory_bytes_factor`, and relayouts the rows a dropless MoE's gathers and scatters permute, which
     count at `cpu_gather_bytes_factor` (both fitted to TPU compiles of the same cases by
-    benchmarks/calibrate.py)."""
+    benchmarks/calibrate.py). A `buffer` bin holds bytes the TPU moves as counted: no factor."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
     if entry.kind == "grouped":
         flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)

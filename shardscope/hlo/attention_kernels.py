@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from shardscope.hlo.origins import op_name_of
 from shardscope.hlo.records import Instruction
 from shardscope.hlo.shapes import shape_info, tuple_elements
 
@@ -34,7 +35,7 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
         instruction.attribute("custom_call_target") or ""
     ):
         return None
-    match = _ATTENTION_KERNEL.search(instruction.name)
+    match = _kernel_pass(instruction)
     if match is None:
         return None
     arrays = [shape_info(shape) for shape in operand_shapes]
@@ -53,6 +54,13 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
     over_qk, over_v = _KERNEL_MATMULS[kind]
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
+
+
+def _kernel_pass(instruction: Instruction) -> re.Match[str] | None:
+    """The kernel's pass, from the instruction's name or else from its op_name: a kernel called inside a
+    `vmap` (a pipeline's stages with Explicit axes) is named after the `shard_map` around it
+    (`shard_map.1554`), its own name only in its op_name (`…/splash_mha_fwd_residuals/…/pallas_call`)."""
+    return _ATTENTION_KERNEL.search(instruction.name) or _ATTENTION_KERNEL.search(op_name_of(instruction))
 
 
 def causal_block_fraction(query_blocks: int, key_blocks: int | None = None) -> float:

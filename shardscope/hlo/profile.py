@@ -23,6 +23,9 @@ Kinds:
   each block's scores on chip where the stand-in writes them to HBM. A TPU program's own attention kernel
   (MaxText's splash kernels: a Pallas `tpu_custom_call` named `splash_…_fwd`, `_dq`, `_dkv`) is one too,
   its FLOPs counted from its shapes (`attention_kernel_flops`).
+- `buffer`: the buffer a fusion's scatter into zeros needs on a TPU, beyond the fusion's own bytes
+  (`materialised_scatter_bytes`: a pipeline's visit gradient on the CPU route, which fuses it away): bytes
+  the TPU moves as they are counted, priced as memory on every route, without a CPU compile's factor.
 - `host`: a transfer between HBM and host memory (memory space S(5), a remat policy's offload): bytes over
   the host link, which overlaps compute as collectives do.
 A scatter that XLA's CPU compiler expanded into a loop over its updates counts as the one scatter a TPU
@@ -54,6 +57,7 @@ from shardscope.hlo.work import (
     halved_shape,
     instruction_bytes,
     instruction_flops,
+    materialised_scatter_bytes,
     wrapped_opcode,
 )
 
@@ -73,7 +77,7 @@ GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when the
 # against all of them (its shape cannot depend on the device); with MaxText's load-balanced token order every
 # shard visits half of them.
 HALF_VISITED_SCOPE = "off_diagonal_shards"
-KINDS = ("matmul", "grouped", "memory", "gather", "kernel", "host")
+KINDS = ("matmul", "grouped", "memory", "gather", "buffer", "kernel", "host")
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
@@ -229,14 +233,16 @@ def _moves_rows(program: Program, instruction: Instruction) -> bool:
     return bool(fused_opcodes(program, instruction) & _ROW_OPS)
 
 
-def _kernel_ops(program: Program, instructions: Sequence[Instruction], names: Mapping[str, str]) -> set[str]:
+def _kernel_ops(
+    program: Program, instructions: Sequence[Instruction], graph: _Graph, names: Mapping[str, str]
+) -> set[str]:
     """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
     compiler added around them without a name of their own (the CPU compiler's layout copies and
     conversions of the scores carry no metadata), found through their operands and users. An unnamed
-    matmul is the kernel's only when it is batched (over heads, as attention's are) or the op that reads it
-    is the kernel's (`names`: each op's name, see `_op_names`): the CPU compiler's library fusions of a
-    vmapped layer's projections, plain matrix products read by the layer's own ops, carry no metadata
-    either, and sit next to the kernel's copies."""
+    matmul is the kernel's only when it is batched (over heads, as attention's are) or it lies within the
+    kernel (`_within_kernel`). The CPU compiler's library fusions of a vmapped layer's projections, plain
+    matrix products, carry no metadata either and sit next to the kernel's copies: the query projection's
+    reader is the kernel's, but what it multiplies is the layer's normalised input."""
     kernel = {i.name for i in instructions if KERNEL_SCOPE in _op_name(i)}
     if not kernel:
         return kernel
@@ -245,7 +251,7 @@ def _kernel_ops(program: Program, instructions: Sequence[Instruction], names: Ma
         for i in instructions
         if not _op_name(i)
         and i.opcode not in NO_ACCESS
-        and (KERNEL_SCOPE in names[i.name] or not _unbatched_matmul(program, i))
+        and (not _unbatched_matmul(program, i) or _within_kernel(i.name, graph, names))
     }
     neighbours: dict[str, set[str]] = defaultdict(set)
     for i in instructions:
@@ -268,6 +274,14 @@ def _kernel_ops(program: Program, instructions: Sequence[Instruction], names: Ma
         if i.opcode == "broadcast" and users[i.name] and all(u in kernel for u in users[i.name]):
             kernel.add(i.name)
     return kernel
+
+
+def _within_kernel(name: str, graph: _Graph, names: Mapping[str, str]) -> bool:
+    """Whether an unnamed op is the attention kernel's by its neighbours: the op that reads it is the
+    kernel's (`names`: each op's name, see `_op_names`), and the nearest named ops it reads, if any, are
+    not all outside the kernel (a projection reads the layer's own ops)."""
+    read = _nearest_named(name, graph.own, graph.operands)
+    return KERNEL_SCOPE in names[name] and (not read or any(KERNEL_SCOPE in op_name for op_name in read))
 
 
 def _unbatched_matmul(program: Program, instruction: Instruction) -> bool:
@@ -393,7 +407,7 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
         instructions = program.instructions(name)
         graph = _graph(instructions)
         names = _op_names(graph)
-        kernel = _kernel_ops(program, instructions, names)
+        kernel = _kernel_ops(program, instructions, graph, names)
         classified: dict[str, tuple[str, int, int]] = {}
         for instruction in instructions:
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
@@ -417,11 +431,17 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             if kind == "kernel" and flops and _half_visited(program, instruction, op_name, graph):
                 flops //= 2
             pass_ = pass_of(op_name) if op_name else "other"
-            key = (kind, pass_, count, regions.get(name, count), _intensity(flops, nbytes))
-            total = sums[key]
-            total[0] += count
-            total[1] += count * flops
-            total[2] += count * nbytes
+            region = regions.get(name, count)
+            entries = [(kind, flops, nbytes)]
+            if instruction.opcode == "fusion" and kind != "kernel":
+                entries.append(("buffer", 0, materialised_scatter_bytes(program, instruction)))
+            for entry_kind, entry_flops, entry_bytes in entries:
+                if entry_kind == "buffer" and not entry_bytes:
+                    continue
+                total = sums[(entry_kind, pass_, count, region, _intensity(entry_flops, entry_bytes))]
+                total[0] += count
+                total[1] += count * entry_flops
+                total[2] += count * entry_bytes
     bins = (
         WorkBin(kind, pass_, executions, intensity, ops, flops, nbytes, region)
         for (kind, pass_, executions, region, intensity), (ops, flops, nbytes) in sums.items()

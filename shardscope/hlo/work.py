@@ -33,7 +33,7 @@ from shardscope.hlo.metadata import split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module, parameter_index, users_of
 from shardscope.hlo.shapes import async_start_output, hbm_bytes, shape_info
 
-__all__ = ["StepWork", "instruction_flops", "step_work"]
+__all__ = ["StepWork", "instruction_flops", "materialised_scatter_bytes", "step_work"]
 
 # One FLOP per result element: XLA's HandleElementwiseOp, for every opcode it does not call transcendental.
 ELEMENTWISE = frozenset(
@@ -273,7 +273,6 @@ def fusion_bytes(
     for parameter in (i for i in inner if i.opcode == "parameter"):
         size = _parameter_read_bytes(program, users, parameter)
         read += size // 2 if parameter_index(parameter) in halved and _is_f32(parameter.shape) else size
-    read += _materialised_scatters(inner, by_name, users)
     root = next((i for i in inner if i.is_root), inner[-1])
     if root.opcode == "tuple":
         return read + sum(_written_bytes(by_name[o], by_name) for o in root.operands if o in by_name)
@@ -281,13 +280,17 @@ def fusion_bytes(
     return read + (written // 2 if half_result and _is_f32(root.shape) else written)
 
 
-def _materialised_scatters(
-    inner: Sequence[Instruction], by_name: Mapping[str, Instruction], users: Mapping[str, Sequence[Instruction]]
-) -> int:
+def materialised_scatter_bytes(program: Program, fusion: Instruction) -> int:
     """Bytes of the buffers a fusion's scatter into a broadcast (a dynamic-update-slice of it that is not
-    the fusion's result) needs on a TPU: the CPU compiler fuses a value scattered into zeros and then
-    sliced (a pipeline's visit gradient, then this device's share of it) into one loop, where the TPU's
-    writes the zeros out, updates them in place and reads the share back from memory."""
+    the fusion's result) needs on a TPU, beyond the fusion's own reads and writes (`fusion_bytes`): the CPU
+    compiler fuses a value scattered into zeros and then sliced (a pipeline's visit gradient, then this
+    device's share of it) into one loop, where the TPU writes the zeros out, updates them in place and
+    reads the share back from memory. A scatter into zeros that is only added to a buffer of its shape (the
+    gradient of a pipeline's loop state) is none: the TPU adds the update into that buffer in place."""
+    called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
+    inner = program.instructions(called[0]) if called else ()
+    by_name = {i.name: i for i in inner}
+    users = users_of(inner)
     extra = 0
     for instruction in inner:
         if instruction.opcode != "dynamic-update-slice" or instruction.is_root:
@@ -295,10 +298,11 @@ def _materialised_scatters(
         base, update = (by_name.get(operand) for operand in instruction.operands[:2])
         if base is None or base.opcode != "broadcast":
             continue
+        slices = [user for user in users.get(instruction.name, ()) if user.opcode == "dynamic-slice"]
+        if not slices:
+            continue
         extra += hbm_bytes(instruction.shape) + (hbm_bytes(update.shape) if update is not None else 0)
-        extra += sum(
-            hbm_bytes(user.shape) for user in users.get(instruction.name, ()) if user.opcode == "dynamic-slice"
-        )
+        extra += sum(hbm_bytes(user.shape) for user in slices)
     return extra
 
 
