@@ -6,13 +6,18 @@ widened before it is summed. The TPU compiler moves such values in bfloat16 (it 
 the other side of the collective), so pricing a CPU program as a TPU needs the bytes in bfloat16. A value
 has bfloat16 precision when it comes straight from a conversion out of a 16-bit float, or when every
 consumer rounds it to a 16-bit float before anything else (both seen through bitcasts, copies, reshapes
-and transposes, and into fusions). The work profile reads a CPU program's ops the same way: each op's
+and transposes, and into fusions). A sum is the exception: the sum of values of bfloat16 precision has
+float32 precision, so a widened value summed by an all-reduce or reduce-scatter narrows only when every
+consumer rounds the sum (the float normalisation of a bfloat16 sum); one the program keeps in float32 (an
+Explicit pipeline's gradient summed at every iteration into a float32 accumulator) the TPU sums in float32
+too. The work profile reads a CPU program's ops the same way: each op's
 float32 operands and result of bfloat16 precision at two bytes an element (`half_operands`,
 `half_result`), as the TPU holds them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from shardscope.hlo.executions import computation_instructions
@@ -23,6 +28,8 @@ from shardscope.hlo.shapes import shape_info
 __all__ = ["Narrowing"]
 
 _VIEWS = frozenset({"bitcast", "copy", "reshape", "transpose"})
+# Collectives that sum their operands: the sum of values of bfloat16 precision has float32 precision.
+_REDUCES = re.compile(r"(all-reduce|reduce-scatter)(-start)?$")
 _HALF = ("bf16[", "f16[")
 
 
@@ -104,7 +111,9 @@ class Narrowing:
                 half_use = bool(consumers) and all(self._rounds(table, u.name) for u in consumers)
             else:
                 half_use = self._rounds(table, collective.name)
-            if half_use or (operand is not None and self._comes_from_half(table, operand)):
+            # A value widened before a sum keeps its width through it: the program asked for a float32 sum.
+            sums = _REDUCES.match(collective.opcode) is not None
+            if half_use or (not sums and operand is not None and self._comes_from_half(table, operand)):
                 narrowed += size // 2
         return total - narrowed if narrowed else None
 
