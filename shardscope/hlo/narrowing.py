@@ -17,19 +17,18 @@ float32 operands and result of bfloat16 precision at two bytes an element (`half
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.metadata import split_outside_brackets
-from shardscope.hlo.records import Instruction, Module, parameter_index, users_of
+from shardscope.hlo.records import Instruction, Module, base_opcode, parameter_index, users_of
 from shardscope.hlo.shapes import shape_info
 
 __all__ = ["Narrowing"]
 
 _VIEWS = frozenset({"bitcast", "copy", "reshape", "transpose"})
 # Collectives that sum their operands: the sum of values of bfloat16 precision has float32 precision.
-_REDUCES = re.compile(r"(all-reduce|reduce-scatter)(-start)?$")
+_SUMS = frozenset({"all-reduce", "reduce-scatter"})
 _HALF = ("bf16[", "f16[")
 
 
@@ -112,7 +111,7 @@ class Narrowing:
             else:
                 half_use = self._rounds(table, collective.name)
             # A value widened before a sum keeps its width through it: the program asked for a float32 sum.
-            sums = _REDUCES.match(collective.opcode) is not None
+            sums = base_opcode(collective.opcode) in _SUMS
             if half_use or (not sums and operand is not None and self._comes_from_half(table, operand)):
                 narrowed += size // 2
         return total - narrowed if narrowed else None

@@ -433,11 +433,10 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
             pass_ = pass_of(op_name) if op_name else "other"
             region = regions.get(name, count)
             entries = [(kind, flops, nbytes)]
-            if instruction.opcode == "fusion" and kind != "kernel":
-                entries.append(("buffer", 0, materialised_scatter_bytes(program, instruction)))
+            scattering = instruction.opcode == "fusion" and kind != "kernel"
+            buffer = materialised_scatter_bytes(program, instruction) if scattering else 0
+            entries += [("buffer", 0, buffer)] if buffer else []
             for entry_kind, entry_flops, entry_bytes in entries:
-                if entry_kind == "buffer" and not entry_bytes:
-                    continue
                 total = sums[(entry_kind, pass_, count, region, _intensity(entry_flops, entry_bytes))]
                 total[0] += count
                 total[1] += count * entry_flops

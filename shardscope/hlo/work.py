@@ -290,14 +290,18 @@ def materialised_scatter_bytes(program: Program, fusion: Instruction) -> int:
     called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
     inner = program.instructions(called[0]) if called else ()
     by_name = {i.name: i for i in inner}
+    broadcasts = {i.name for i in inner if i.opcode == "broadcast"}
+    scatters = [
+        i
+        for i in inner
+        if i.opcode == "dynamic-update-slice" and not i.is_root and i.operands and i.operands[0] in broadcasts
+    ]
+    if not scatters:
+        return 0
     users = users_of(inner)
     extra = 0
-    for instruction in inner:
-        if instruction.opcode != "dynamic-update-slice" or instruction.is_root:
-            continue
-        base, update = (by_name.get(operand) for operand in instruction.operands[:2])
-        if base is None or base.opcode != "broadcast":
-            continue
+    for instruction in scatters:
+        update = by_name.get(instruction.operands[1]) if len(instruction.operands) > 1 else None
         slices = [user for user in users.get(instruction.name, ()) if user.opcode == "dynamic-slice"]
         if not slices:
             continue
