@@ -101,7 +101,8 @@ def expected_step(
     for row, time in rows:
         if time.seconds is None:
             continue
-        placed = region_of.get(row.loop_trips, row.loop_trips)
+        trips = 1 if cpu_program and row.tpu_moved_out is not None else row.loop_trips  # moved out of its loop
+        placed = region_of.get(trips, trips)
         (handoffs if row.handoff else transfers)[placed] += time.seconds
     regions = compute.keys() | transfers.keys() | handoffs.keys()
     return sum(handoffs[region] + max(compute[region], transfers[region]) for region in regions)

@@ -34,6 +34,7 @@ def collective_rows(parsed: HloCollectives, causes: Sequence[Cause | None] | Non
             shift=c.shift,
             tpu_bytes=c.tpu_bytes,
             handoff=c.handoff,
+            tpu_moved_out=c.tpu_moved_out,
             cause=cause,
         )
         for c, cause in zip(parsed.collectives, causes, strict=True)
@@ -45,13 +46,15 @@ def extract_collectives(
     mesh: Sequence[tuple[str, int]],
     narrow: bool = False,
     explain: tuple[Mapping[str, TensorRecord], Sequence[Rule]] | None = None,
+    moved_out: bool = False,
 ) -> tuple[CollectiveRow, ...]:
     """Collective rows of a compiled module (its text, or the module read from it), in the case's mesh axes;
     `narrow` (a CPU program): with the bytes a TPU would move (`tpu_bytes`); `explain` (the plan's tensors
-    and the preset's rules): with each row's cause."""
+    and the preset's rules): with each row's cause; `moved_out` (a CPU program of Auto axes): with what a TPU
+    sums after the loop for an all-reduce the loop only accumulates (`tpu_moved_out`)."""
     layout = MeshLayout(axis_names=tuple(a for a, _ in mesh), axis_sizes=tuple(s for _, s in mesh))
     module = hlo if isinstance(hlo, Module) else read_module(hlo)
-    parsed = collectives_of(module, layout, narrow, trace=explain is not None)
+    parsed = collectives_of(module, layout, narrow, trace=explain is not None, moved_out=moved_out)
     causes = collective_cause(parsed.collectives, *explain) if explain is not None else None
     return collective_rows(parsed, causes)
 

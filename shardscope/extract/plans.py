@@ -93,17 +93,20 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     module = read_module(hlo_text)
     tensors = step_tensors(step, step.compiled.out_info)  # built afresh on every access: read once
     explain = (dict(tensors), case.preset.logical_axis_rules)
+    # A CPU program is read as the TPU would run it; where a loop's sums are taken depends on who asks for
+    # them (`shardscope.hlo.accumulation`): the partitioner (Auto axes) or the program (Explicit).
+    cpu, explicit = case.topology.platform == "cpu", case.axis_types == "explicit"
     return Plan(
         case=case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
         tensors=tensors,
         collectives=extract_collectives(
-            module, slice_mesh(case), narrow=case.topology.platform == "cpu", explain=explain
+            module, slice_mesh(case), narrow=cpu, explain=explain, moved_out=cpu and not explicit
         ),
         memory=_memory(step.compiled, case.topology.platform),
         schema=SCHEMA,
         compute=compute_of(module),
-        work=work_profile(module, cpu_program=case.topology.platform == "cpu"),
+        work=work_profile(module, cpu_program=cpu, explicit_reductions=explicit),
     )
 
 

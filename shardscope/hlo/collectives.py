@@ -30,7 +30,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from shardscope.errors import MeshError
+from shardscope.hlo.accumulation import loop_accumulations
 from shardscope.hlo.callgraph import expand_calls
+from shardscope.hlo.executions import Program
 from shardscope.hlo.frames import source_frames
 from shardscope.hlo.groups import (
     MeshLayout,
@@ -41,7 +43,7 @@ from shardscope.hlo.groups import (
     parse_replica_groups,
 )
 from shardscope.hlo.handoffs import Handoffs
-from shardscope.hlo.metadata import module_path, pass_of
+from shardscope.hlo.metadata import module_path, op_name_in, pass_of
 from shardscope.hlo.module import gc_paused, read_module
 from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.notices import module_notices
@@ -63,7 +65,6 @@ __all__ = [
 PASSES = ("forward", "backward", "optimizer", "other")
 _PAIRS_RE = re.compile(r"source_target_pairs=(\{(?:\s*\{[^{}]*\}\s*,?)*\s*\})")
 _PAIR_RE = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
-_OP_NAME_RE = re.compile(r'op_name="([^"\\]*(?:\\.[^"\\]*)*)"')
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Collective:
     source: str
     tpu_bytes: int | None = None
     handoff: bool = False  # hands a loop iteration's result to the next (`shardscope.hlo.handoffs`)
+    tpu_moved_out: int | None = None  # what a TPU sums once after the loop instead (`moved_out`)
     origins: tuple[Origin, ...] = field(default=(), compare=False)
     consumer: str = field(default="", compare=False)
     line: tuple[str, int] | None = field(default=None, compare=False)
@@ -100,6 +102,8 @@ class Collective:
             del out["tpu_bytes"]
         if not self.handoff:
             del out["handoff"]
+        if self.tpu_moved_out is None:
+            del out["tpu_moved_out"]
         return {**out, "axes": None if self.axes is None else list(self.axes), "shape": list(self.shape)}
 
 
@@ -142,8 +146,7 @@ class _Rows:
 
     def row(self, op: str, instruction: Instruction, is_start: bool) -> tuple[Collective, int]:
         """(row with count 0, group size) of a collective instruction."""
-        op_name_match = _OP_NAME_RE.search(instruction.attribute("metadata") or "")
-        op_name = op_name_match.group(1) if op_name_match else ""
+        op_name = op_name_in(instruction.attribute("metadata"))
         pass_, source = self._cached("op_name", op_name, lambda s: (pass_of(s) if s else "other", module_path(s)))
         if op == "collective-permute":
             spec = instruction.attribute("source_target_pairs") or "{}"
@@ -189,12 +192,15 @@ class _Rows:
 
 
 def collectives_of(
-    module: Module, mesh: MeshLayout | None = None, narrow: bool = False, trace: bool = False
+    module: Module, mesh: MeshLayout | None = None, narrow: bool = False, trace: bool = False, moved_out: bool = False
 ) -> HloCollectives:
     """The collectives of a read module (see `parse_collectives`); `narrow`: also each row's `tpu_bytes`
-    (for a CPU program priced as a TPU); `trace`: also each row's origins, consumer and line."""
+    (for a CPU program priced as a TPU); `trace`: also each row's origins, consumer and line; `moved_out`
+    (a CPU program of Auto axes): a loop-accumulated all-reduce's `tpu_moved_out`, the buffers a TPU sums
+    once after the loop instead (`shardscope.hlo.accumulation`), in the types `narrow` gives."""
     rows = _Rows(mesh, module.num_devices)
     narrowing = Narrowing(module) if narrow else None
+    accumulated = loop_accumulations(Program(module)).buffer_bytes if moved_out else {}
     handoffs = Handoffs(module)
     origins = Origins(module) if trace else None
     frames = source_frames(module.text) if trace else None
@@ -223,6 +229,9 @@ def collectives_of(
                 moved = narrowing.tpu_bytes(comp.name, instruction) if narrowing is not None else None
                 if moved is not None:  # scaled like `bytes` (a reduce-scatter reports its operand)
                     row = replace(row, tpu_bytes=row.bytes * moved // max(shape_info(instruction.shape)[2], 1))
+                buffers = accumulated.get(f"{comp.name}/{instruction.name}")
+                if buffers is not None:
+                    row = replace(row, tpu_moved_out=buffers * (row.tpu_bytes or row.bytes) // max(row.bytes, 1))
                 if instruction.name in handoffs.of(comp.name):
                     row = replace(row, handoff=True)
                 if origins is not None and frames is not None:

@@ -16,6 +16,13 @@ _TRANSFORM_SCOPES = frozenset(
 
 
 _BRACKETS = re.compile(r"[()\[\]{}]")
+_OP_NAME = re.compile(r'op_name="([^"\\]*(?:\\.[^"\\]*)*)"')
+
+
+def op_name_in(metadata: str | None) -> str:
+    """The `op_name` an instruction's `metadata={...}` attribute holds ("" when it has none)."""
+    match = _OP_NAME.search(metadata or "")
+    return match.group(1) if match else ""
 
 
 def matching_bracket(text: str, open_at: int) -> int:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from shardscope.hlo.executions import computation_instructions
+from shardscope.hlo.metadata import op_name_in
 from shardscope.hlo.records import Instruction, Module
 
 __all__ = ["Origin", "Origins", "op_name_of"]
@@ -29,7 +30,6 @@ _VIEWS = frozenset(
 )
 _PASS_THROUGH_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost"})
 _PASS_THROUGH_CALLS |= {"MoveToDevice", "annotate_device_placement"}
-_OP_NAME_RE = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
 _TARGET_RE = re.compile(r'"([^"]*)"')
 _MAX_STEPS = 400  # a walk longer than this is given up (a cycle through a malformed module)
 
@@ -53,8 +53,7 @@ class Origin:
 
 def op_name_of(instruction: Instruction) -> str:
     """The instruction's metadata op_name, unescaped ("" without one)."""
-    found = _OP_NAME_RE.search(instruction.attribute("metadata") or "")
-    return re.sub(r"\\(.)", r"\1", found.group(1)) if found else ""
+    return re.sub(r"\\(.)", r"\1", op_name_in(instruction.attribute("metadata")))
 
 
 class _Table:

@@ -23,9 +23,11 @@ Kinds:
   each block's scores on chip where the stand-in writes them to HBM. A TPU program's own attention kernel
   (MaxText's splash kernels: a Pallas `tpu_custom_call` named `splash_…_fwd`, `_dq`, `_dkv`) is one too,
   its FLOPs counted from its shapes (`attention_kernel_flops`).
-- `buffer`: the buffer a fusion's scatter into zeros needs on a TPU, beyond the fusion's own bytes
-  (`materialised_scatter_bytes`: a pipeline's visit gradient on the CPU route, which fuses it away): bytes
-  the TPU moves as they are counted, priced as memory on every route, without a CPU compile's factor.
+- `buffer`: bytes a CPU program's TPU compile moves as they are counted, priced as memory without a CPU
+  compile's factor: the buffer a fusion's scatter into zeros needs on a TPU, beyond the fusion's own bytes
+  (`materialised_scatter_bytes`: a pipeline's visit gradient, which the CPU compiler fuses away), and the
+  adds of a sum the program asks for at every iteration of a loop that accumulates it
+  (`shardscope.hlo.accumulation`), which the TPU runs on their own as the CPU does.
 - `host`: a transfer between HBM and host memory (memory space S(5), a remat policy's offload): bytes over
   the host link, which overlaps compute as collectives do.
 A scatter that XLA's CPU compiler expanded into a loop over its updates counts as the one scatter a TPU
@@ -37,16 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from shardscope.hlo.accumulation import loop_accumulations
 from shardscope.hlo.attention_kernels import attention_kernel_flops
 from shardscope.hlo.executions import Program
 from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes, producers_into_matmuls
-from shardscope.hlo.metadata import pass_of, split_outside_brackets
+from shardscope.hlo.loops import expanded_scatters, loop_regions
+from shardscope.hlo.metadata import op_name_in, pass_of
 from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info
@@ -81,7 +84,6 @@ KINDS = ("matmul", "grouped", "memory", "gather", "buffer", "kernel", "host")
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
-_OP_NAME = re.compile(r'op_name="([^"\\]*(?:\\.[^"\\]*)*)"')
 _MATRIX_OPS = frozenset({"dot", "convolution"})
 _ROW_OPS = frozenset({"gather", "scatter"})
 
@@ -115,8 +117,7 @@ def _intensity(flops: int, nbytes: int) -> int | None:
 
 
 def _op_name(instruction: Instruction) -> str:
-    match = _OP_NAME.search(instruction.attribute("metadata") or "")
-    return match.group(1) if match else ""
+    return op_name_in(instruction.attribute("metadata"))
 
 
 def _host_bytes(instruction: Instruction, operand_shapes: Sequence[str], wrapped: str | None = None) -> int | None:
@@ -336,47 +337,6 @@ def _classify(
     return ("grouped" if _grouped(program, instruction) else "matmul"), flops, nbytes
 
 
-def _scatter_loops(program: Program, runs: Mapping[str, int | None]) -> tuple[dict[str, int], set[str]]:
-    """XLA's CPU compiler expands a scatter (an embedding's gradient) into a loop over its updates, each
-    trip rewriting the whole operand; a TPU scatters natively. Returns each such loop's bytes as one
-    scatter (indices and updates read, the rows they touch read and written: three times the updates,
-    plus the indices) by the loop's instruction name, and the computations the loops run (left out)."""
-    loops: dict[str, int] = {}
-    inside: set[str] = set()
-    for name in runs:
-        for instruction in program.instructions(name):
-            if instruction.opcode != "while" or "scatter" not in _op_name(instruction).rsplit("/", 1)[-1]:
-                continue
-            elements = sorted(shape_info(e)[2] for e in split_outside_brackets(instruction.shape.strip()[1:-1], ","))
-            # The loop carries (counter, operand, indices, updates): all but the counter and the operand.
-            loops[f"{name}/{instruction.name}"] = 3 * sum(elements[1:-1])
-            pending = [callee for _, callee in instruction.callees()]
-            while pending:
-                callee = pending.pop()
-                if callee not in inside:
-                    inside.add(callee)
-                    pending += [c for i in program.instructions(callee) for _, c in i.callees()]
-    return loops, inside
-
-
-def _regions(program: Program, runs: Mapping[str, int | None]) -> dict[str, int]:
-    """Each computation's outermost enclosing loop body's executions per step (1 outside loops)."""
-    entry = program.module.entry
-    if entry is None:
-        return {}
-    region = {entry: 1}
-    pending = [entry]
-    while pending:
-        name = pending.pop()
-        for callee, per_call in program.calls(name):
-            if callee in region:
-                continue
-            loop = per_call is None or per_call > 1
-            region[callee] = (runs.get(callee) or 0) if loop and region[name] == 1 else region[name]
-            pending.append(callee)
-    return region
-
-
 def _halves(narrowing: Narrowing | None, computation: str, instruction: Instruction) -> tuple[frozenset[int], bool]:
     """Which of an op's float32 operands, and whether its result, a TPU holds in bfloat16 (none without
     `narrowing`: a TPU program's values are in the types they have)."""
@@ -385,20 +345,24 @@ def _halves(narrowing: Narrowing | None, computation: str, instruction: Instruct
     return narrowing.half_operands(computation, instruction), narrowing.half_result(computation, instruction)
 
 
-def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ...]:
+def work_profile(module: Module, cpu_program: bool = False, explicit_reductions: bool = False) -> tuple[WorkBin, ...]:
     """Every top-level op of the step that runs a known number of times, binned (see the module doc).
     Ops of computations whose executions are unknown are left out, as in `step_work`.
 
     `cpu_program`: the module is a CPU compile's, counted as the TPU would run it: its float32 values of
     bfloat16 precision at two bytes an element (`shardscope.hlo.narrowing`), and the conversions,
     relayouts and elementwise ops it writes out around its matmuls, which a TPU's matmuls do inside
-    themselves, moving nothing (`shardscope.hlo.fusion`)."""
+    themselves, moving nothing (`shardscope.hlo.fusion`); and the adds of a loop-accumulated reduction
+    (`shardscope.hlo.accumulation`) as the TPU runs them: inside the matmuls that make the partial sums (the
+    reduction moved out of the loop), or, for `explicit_reductions` (a program of Explicit axes, which keeps
+    it there), at the bytes counted: a `buffer`."""
     program = Program(module)
     runs = program.executions_per_step()
     fused = fused_computations(program, runs)
-    scatters, expanded = _scatter_loops(program, runs)
+    scatters, expanded = expanded_scatters(program, runs)
     narrowing = Narrowing(module, program.instructions) if cpu_program else None
-    regions = _regions(program, runs)
+    regions = loop_regions(program, runs)
+    accumulating = loop_accumulations(program).adds if cpu_program else frozenset()
     sums: dict[tuple[str, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
         if not count or name in fused or name in expanded:
@@ -427,6 +391,8 @@ def work_profile(module: Module, cpu_program: bool = False) -> tuple[WorkBin, ..
                 continue
             kind, flops, nbytes = classified[instruction.name]
             nbytes = 0 if instruction.name in in_matmuls or instruction.name in producers else nbytes
+            if f"{name}/{instruction.name}" in accumulating:
+                kind, nbytes = ("buffer", nbytes) if explicit_reductions else (kind, 0)
             op_name = names[instruction.name]
             if kind == "kernel" and flops and _half_visited(program, instruction, op_name, graph):
                 flops //= 2

@@ -89,6 +89,8 @@ def collective_to_json(row: CollectiveRow) -> dict[str, Any]:
         data["tpu_bytes"] = row.tpu_bytes
     if row.handoff:
         data["handoff"] = True
+    if row.tpu_moved_out is not None:
+        data["tpu_moved_out"] = row.tpu_moved_out
     if row.cause is not None:
         data["cause"] = cause_to_json(row.cause)
     return data
@@ -135,6 +137,7 @@ def collective_from_json(c: Any) -> CollectiveRow:
         shift=c.get("shift"),
         tpu_bytes=None if c.get("tpu_bytes") is None else int(c["tpu_bytes"]),
         handoff=bool(c.get("handoff", False)),
+        tpu_moved_out=None if c.get("tpu_moved_out") is None else int(c["tpu_moved_out"]),
         cause=None if c.get("cause") is None else cause_from_json(c["cause"]),
     )
 

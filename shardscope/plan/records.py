@@ -106,6 +106,10 @@ class CollectiveRow:
     # It hands a loop iteration's result to the next iteration, whose matrix work all waits for it (a pipeline
     # stage's output to the next stage, `shardscope.hlo.handoffs`): no compute can hide it.
     handoff: bool = False
+    # A CPU program's all-reduce that its loop only accumulates, which the TPU compiler moves out of the loop
+    # (a program of Auto axes, `shardscope.hlo.accumulation`): the bytes it then sums once, after the loop,
+    # as a TPU holds them; None otherwise, and in TPU plans.
+    tpu_moved_out: int | None = None
     # Why it runs (`shardscope.extract.causes`); None in plans made before causes, imports and bare HLO.
     cause: Cause | None = None
 
