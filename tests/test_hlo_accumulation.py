@@ -14,6 +14,9 @@ from shardscope.hlo.accumulation import loop_accumulations
 from shardscope.hlo.executions import Program
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
+from shardscope.plan.records import axes_with_marks
+from shardscope.plan.units import human_bytes
+from shardscope.report.why import row_headline
 
 TRIPS = 6
 # A pipeline's loop as XLA's CPU compiler writes it: state (counter, weights, a gradient slot per layer). Each
@@ -145,3 +148,12 @@ def test_a_moved_out_all_reduce_is_priced_once_on_the_accumulated_buffer(moved_o
     priced = price_row(row, layout, hardware, 1.0, False, cpu_program=True).seconds
     assert priced is not None and priced > 0
     assert priced == price_row(as_tpu, layout, hardware, 1.0, False).seconds
+
+
+def test_tables_and_why_say_a_row_is_summed_once_on_tpu():
+    (row,) = extract_collectives(program(), (("stage", 2), ("data", 2)), narrow=True, moved_out=True)
+    assert axes_with_marks(row) == "data (TPU: once, after the loop)"
+    assert axes_with_marks(dataclasses.replace(row, tpu_moved_out=None)) == "data"
+    headline = row_headline(row, None, None)
+    assert headline.endswith(f"; on TPU summed once, after the loop ({human_bytes(SLOTS_BYTES)})")
+    assert "× 6 = " in headline  # the CPU program's own executions stay what it runs

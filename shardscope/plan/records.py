@@ -200,6 +200,15 @@ def axes_label(row: CollectiveRow) -> str:
     return "+".join(row.axes) if row.axes else "(single device)"
 
 
+def axes_with_marks(row: CollectiveRow) -> str:
+    """`axes_label` with what a table of rows says beside it: a permute's shift, a hand-off (nothing hides
+    it, see the expected step) and a CPU program's all-reduce the TPU sums once after its loop."""
+    marks = f" shift {row.shift:+d}" if row.shift is not None else ""
+    marks += " (hand-off)" if row.handoff else ""
+    marks += " (TPU: once, after the loop)" if row.tpu_moved_out is not None else ""
+    return axes_label(row) + marks
+
+
 def groups_summary(groups: str) -> str:
     """A short description of device groups that match no mesh axes.
 

@@ -22,7 +22,7 @@ from shardscope.diff.grouping import group_tensor_changes, unit_axes
 from shardscope.diff.json import case_dict
 from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
 from shardscope.plan.records import TENSOR_KINDS as RECORD_KINDS
-from shardscope.plan.records import CaseRecord, CollectiveRow, TensorRecord, axes_label
+from shardscope.plan.records import CaseRecord, CollectiveRow, TensorRecord, axes_with_marks
 from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
@@ -241,11 +241,9 @@ def _unchanged_tensor(path: str, tensor: TensorRecord) -> dict[str, str]:
 
 
 def _unchanged_collective(row: CollectiveRow) -> dict[str, Any]:
-    shift = f" shift {row.shift:+d}" if row.shift is not None else ""
-    handoff = " (hand-off)" if row.handoff else ""  # nothing hides it (see the expected step)
     return {
         "op": row.op,
-        "axes": axes_label(row) + shift + handoff,
+        "axes": axes_with_marks(row),
         "pass": row.pass_,
         "source": row.source or "(top level)",
         "shape": f"{row.dtype}[{','.join(map(str, row.shape))}]",

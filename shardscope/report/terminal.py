@@ -12,7 +12,7 @@ from rich.text import Text
 from shardscope.case.rules import DimDecision, Rule
 from shardscope.case.topology import mesh_label
 from shardscope.plan.document import Plan
-from shardscope.plan.records import CollectiveRow, axes_label
+from shardscope.plan.records import CollectiveRow, axes_with_marks
 from shardscope.plan.totals import bytes_by_kind, traffic_by_rule, traffic_totals
 from shardscope.plan.units import human_bytes, human_seconds
 from shardscope.report.estimate_terminal import estimate_renderable
@@ -49,9 +49,7 @@ def _collectives_table(rows: Sequence[CollectiveRow], title: str, width: int) ->
         table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
     for row in rows:
         shape = f"{row.dtype}[{','.join(map(str, row.shape))}]"
-        axes = axes_label(row) + (f" shift {row.shift:+d}" if row.shift is not None else "")
-        # A hand-off between loop iterations: nothing hides it (see the expected step).
-        axes += " (hand-off)" if row.handoff else ""
+        axes = axes_with_marks(row)
         trips = "?" if row.loop_trips is None else str(row.loop_trips)
         table.add_row(
             row.op,

@@ -23,6 +23,8 @@ def row_headline(row: CollectiveRow, seconds: float | None, estimate: Estimate |
     runs = "?" if row.loop_trips is None else str(row.count * row.loop_trips)
     text = f"{row.op} over {axes_label(row)}, {row.pass_}: {human_bytes(row.bytes)} × {runs}"
     text += f" = {human_bytes(row.traffic)} per device per step"
+    if row.tpu_moved_out is not None:  # the loop only accumulates it: the time is the TPU's one sum
+        text += f"; on TPU summed once, after the loop ({human_bytes(row.tpu_moved_out)})"
     if seconds is not None and estimate is not None:
         text += f", ≈ {human_seconds(seconds)} ({route_label(estimate)})"
     return text
