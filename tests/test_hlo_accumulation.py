@@ -47,6 +47,14 @@ accumulate {{
   ROOT put = f32[4,64,64]{{2,1,0}} dynamic-update-slice(slots, added, at, z, z)
 }}
 
+whole {{
+  slots = f32[4,64,64]{{2,1,0}} parameter(0)
+  g = f32[64,64]{{1,0}} parameter(1)
+  at = s32[] parameter(2)
+  every = f32[4,64,64]{{2,1,0}} broadcast(g), dimensions={{1,2}}
+  ROOT summed = f32[4,64,64]{{2,1,0}} add(slots, every)
+}}
+
 overwrite {{
   slots = f32[4,64,64]{{2,1,0}} parameter(0)
   g = f32[64,64]{{1,0}} parameter(1)
@@ -96,9 +104,16 @@ def accumulated(text: str):
 
 def test_an_all_reduce_only_added_into_a_slot_of_a_carried_buffer_is_accumulated():
     found = accumulated(program())
-    assert found.reductions == {"body/reduced"}
-    assert found.adds == {"body/stored"}
+    assert found.reductions == found.slotted == {"body/reduced"}
+    assert found.adds == found.slot_adds == {"body/stored"}
     assert found.buffer_bytes == {"body/reduced": SLOTS_BYTES}
+
+
+def test_a_sum_added_into_a_whole_carried_value_is_accumulated_but_not_into_a_slot():
+    # As a loss summed over vocabulary tiles: the TPU compiles keep such a sum in its loop.
+    found = accumulated(program(store="whole"))
+    assert found.reductions == {"body/reduced"} and found.adds == {"body/stored"}
+    assert not found.slotted and not found.slot_adds and not found.buffer_bytes
 
 
 def test_a_sum_written_into_its_slot_once_or_used_again_is_not():
@@ -126,6 +141,17 @@ def test_the_adds_are_a_buffer_when_the_program_asks_for_the_sum_and_free_when_t
     assert explicit.get("memory", 0) == as_is - TRIPS * ADD_BYTES
     # Auto axes: the partial sums are added inside the matmul that makes them.
     assert "buffer" not in auto and auto.get("memory", 0) == as_is - TRIPS * ADD_BYTES
+    # A sum added into a whole carried value stays in the loop with Auto axes: its add is counted as it is.
+    whole = work_profile(read_module(program(store="whole")), cpu_program=True, explicit_reductions=False)
+    kept = work_profile(read_module(program(store="whole")), cpu_program=False)
+    assert sum(e.bytes for e in whole if e.kind == "memory") == sum(e.bytes for e in kept if e.kind == "memory") > 0
+    assert not [e for e in whole if e.kind == "buffer"]
+
+
+def test_only_a_sum_added_into_slots_is_moved_out():
+    mesh = (("stage", 2), ("data", 2))
+    (row,) = extract_collectives(program(store="whole"), mesh, narrow=True, moved_out=True)
+    assert row.tpu_moved_out is None and row.loop_trips == TRIPS
 
 
 @pytest.mark.parametrize("moved_out", [False, True])

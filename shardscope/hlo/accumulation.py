@@ -1,15 +1,18 @@
 """Reductions a loop accumulates: an all-reduce in a loop body each of whose results is only added into a
-slice of a buffer the loop carries (a pipeline's weight gradient, summed over the data-parallel devices at
-every iteration and added into the slot of the layer the iteration visited).
+buffer the loop carries, whole (a loss summed over vocabulary tiles) or into a slot of it the loop indexes (a
+pipeline's weight gradient, summed over the data-parallel devices at every iteration and added into the slot
+of the layer the iteration visited).
 
-Where such a sum is taken decides what a TPU step does. XLA's TPU compiler moves an all-reduce that is only
-accumulated out of its loop (its while-loop all-reduce code motion): each iteration adds its partial sum into
-the buffer inside the matmul that makes it, and the buffer is reduced once after the loop. In seed 003's
-pipelines compiled for TPU (MaxText's programs and ours) it does so for the reductions the partitioner
-makes (Auto axes) and keeps those of Explicit axes, which the program itself asks for at every iteration
-(MaxText marks the visited weights' gradients `reduced`): those programs reduce in the loop, in float32,
-and add each sum into its slot on its own (69.8 GB a step per MLP matrix of Llama 2 7B, as counted). XLA's
-CPU compiler keeps both kinds in the loop, so a CPU program is read here for which it holds.
+Where such a sum is taken decides what a TPU step does, and XLA's CPU compiler, which keeps every one in its
+loop, does not say. Read from the TPU compiles at hand:
+- Seed 003's pipelines (MaxText's programs and ours): the partitioner's sums of the visit gradients (Auto
+  axes) are moved out of the loop: each iteration adds its partial sum into its slot inside the matmul that
+  makes it, and the slots are reduced once after the loop. Those the program asks for itself (Explicit axes:
+  MaxText marks the visited weights' gradients `reduced`) stay: reduced in the loop, in float32, each sum
+  added into its slot on its own (69.8 GB a step per MLP matrix of Llama 2 7B, as counted).
+- Llama 3.1's vocabulary-tiled loss (Auto axes): its sums into whole carried values stay in the loop.
+So `moved` holds the slot accumulations only; which of them a TPU moves depends on who asks for the sum,
+which the caller knows (the case's axis types).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ __all__ = ["Accumulations", "loop_accumulations"]
 # Ops an all-reduce's result may pass through before it is added: views and conversions of it.
 _PASSING = frozenset({"get-tuple-element", "bitcast", "convert", "copy", "reshape"})
 _VIEWS = frozenset({"bitcast", "reshape"})
+WHOLE, SLOT = "whole", "slot"
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,10 @@ class Accumulations:
 
     reductions: frozenset[str] = frozenset()  # the all-reduces
     adds: frozenset[str] = frozenset()  # the ops that add their results into the carried buffers
-    # Per reduction, the bytes of the buffers it is accumulated into (what it sums once when moved out).
+    # The reductions each of whose results is added into a slot (what a TPU moves out of an Auto program's
+    # loop), with the ops that add them, and the bytes of the buffers they add into (what it then sums once).
+    slotted: frozenset[str] = frozenset()
+    slot_adds: frozenset[str] = frozenset()
     buffer_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -49,7 +56,7 @@ def _loop_bodies(program: Program) -> set[str]:
     }
 
 
-def _carried_element(instruction: Instruction, parameter: str, by_name: Mapping[str, Instruction]) -> int | None:
+def _carried_element(instruction: Instruction, parameter: str) -> int | None:
     """The loop state element a value is (a `get-tuple-element` of the body's parameter), or None."""
     if instruction.opcode != "get-tuple-element" or not instruction.operands or instruction.operands[0] != parameter:
         return None
@@ -64,9 +71,10 @@ def _accumulator(
     by_name: Mapping[str, Instruction],
     parameter: str,
     root: Instruction,
-) -> Instruction | None:
-    """The op that adds `value` into a slice of a carried buffer and hands the buffer back at its own element
-    of the loop state, seen through views and conversions; None when `value` has another use."""
+) -> tuple[Instruction, str] | None:
+    """The fusion that adds `value` into a carried buffer and hands the buffer back at its own element of the
+    loop state (seen through views and conversions), and how (`WHOLE` or `SLOT`); None when `value` has
+    another use."""
     pending, found = [value], None
     while pending:
         for user in users.get(pending.pop(), ()):
@@ -79,14 +87,17 @@ def _accumulator(
     if found is None:
         return None
     returned = {k for k, operand in enumerate(root.operands) if operand == found.name}
-    into = _accumulated_parameters(program, found)
-    carried = {_carried_element(by_name[o], parameter, by_name) for j, o in enumerate(found.operands) if j in into}
-    return found if returned & carried else None
+    for position, how in _accumulated_parameters(program, found).items():
+        operand = by_name.get(found.operands[position]) if position < len(found.operands) else None
+        if operand is not None and _carried_element(operand, parameter) in returned:
+            return found, how
+    return None
 
 
-def _accumulated_parameters(program: Program, fusion: Instruction) -> set[int]:
-    """The fusion's parameters it adds into and returns: its result is `p + x`, or `p` with `p[s] + x` written
-    at slice `s` (a dynamic-update-slice of p whose update adds a dynamic-slice of p), seen through views."""
+def _accumulated_parameters(program: Program, fusion: Instruction) -> dict[int, str]:
+    """The fusion's parameters it adds into and returns, and how: its result is `p + x` (`WHOLE`), or `p`
+    with `p[s] + x` written at slice `s` (`SLOT`: a dynamic-update-slice of p whose update adds a
+    dynamic-slice of p), seen through views."""
     called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
     inner = program.instructions(called[0]) if called else ()
     by_name = {i.name: i for i in inner}
@@ -106,21 +117,23 @@ def _accumulated_parameters(program: Program, fusion: Instruction) -> set[int]:
     root = next((i for i in inner if i.is_root), None)
     result = seen(root.name) if root is not None else None
     if result is None or len(result.operands) < 2:
-        return set()
+        return {}
     if result.opcode == "add":
-        return {p for p in (parameter_of(o) for o in result.operands) if p is not None}
+        return {p: WHOLE for p in (parameter_of(o) for o in result.operands) if p is not None}
     update = seen(result.operands[1])
     if result.opcode != "dynamic-update-slice" or update is None or update.opcode != "add":
-        return set()
+        return {}
     buffer = parameter_of(result.operands[0])
     sliced = {parameter_of(o, through_slice=True) for o in update.operands}
-    return {buffer} if buffer is not None and buffer in sliced else set()
+    return {buffer: SLOT} if buffer is not None and buffer in sliced else {}
 
 
 def loop_accumulations(program: Program) -> Accumulations:
     """Every loop body's all-reduces whose every result is accumulated into a carried buffer (module doc)."""
     reductions: set[str] = set()
     adds: set[str] = set()
+    slotted: set[str] = set()
+    slot_adds: set[str] = set()
     buffers: dict[str, int] = {}
     for body in sorted(_loop_bodies(program)):
         instructions = program.instructions(body)
@@ -137,10 +150,15 @@ def loop_accumulations(program: Program) -> Accumulations:
             if instruction.shape.startswith("(") and any(by_name[r].opcode != "get-tuple-element" for r in results):
                 continue
             found = [_accumulator(program, r, users, by_name, parameter, root) for r in results or [instruction.name]]
-            if not found or any(f is None for f in found):
+            accumulators = [f for f in found if f is not None]
+            if not found or len(accumulators) < len(found):
                 continue
             key = f"{body}/{instruction.name}"
+            names = {f"{body}/{fusion.name}" for fusion, _ in accumulators}
             reductions.add(key)
-            adds.update(f"{body}/{f.name}" for f in found if f is not None)
-            buffers[key] = sum(hbm_bytes(f.shape) for f in found if f is not None)
-    return Accumulations(frozenset(reductions), frozenset(adds), buffers)
+            adds.update(names)
+            if all(how == SLOT for _, how in accumulators):
+                slotted.add(key)
+                slot_adds.update(names)
+                buffers[key] = sum(hbm_bytes(fusion.shape) for fusion, _ in accumulators)
+    return Accumulations(frozenset(reductions), frozenset(adds), frozenset(slotted), frozenset(slot_adds), buffers)

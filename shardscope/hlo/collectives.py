@@ -196,8 +196,9 @@ def collectives_of(
 ) -> HloCollectives:
     """The collectives of a read module (see `parse_collectives`); `narrow`: also each row's `tpu_bytes`
     (for a CPU program priced as a TPU); `trace`: also each row's origins, consumer and line; `moved_out`
-    (a CPU program of Auto axes): a loop-accumulated all-reduce's `tpu_moved_out`, the buffers a TPU sums
-    once after the loop instead (`shardscope.hlo.accumulation`), in the types `narrow` gives."""
+    (a CPU program of Auto axes): the `tpu_moved_out` of an all-reduce its loop only adds into slots of a
+    carried buffer, the buffers a TPU sums once after the loop instead (`shardscope.hlo.accumulation`), in the
+    types `narrow` gives."""
     rows = _Rows(mesh, module.num_devices)
     narrowing = Narrowing(module) if narrow else None
     accumulated = loop_accumulations(Program(module)).buffer_bytes if moved_out else {}

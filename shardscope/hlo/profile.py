@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardscope.hlo.accumulation import loop_accumulations
+from shardscope.hlo.accumulation import Accumulations, loop_accumulations
 from shardscope.hlo.attention_kernels import attention_kernel_flops
 from shardscope.hlo.executions import Program
 from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes, producers_into_matmuls
@@ -353,16 +353,19 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
     bfloat16 precision at two bytes an element (`shardscope.hlo.narrowing`), and the conversions,
     relayouts and elementwise ops it writes out around its matmuls, which a TPU's matmuls do inside
     themselves, moving nothing (`shardscope.hlo.fusion`); and the adds of a loop-accumulated reduction
-    (`shardscope.hlo.accumulation`) as the TPU runs them: inside the matmuls that make the partial sums (the
-    reduction moved out of the loop), or, for `explicit_reductions` (a program of Explicit axes, which keeps
-    it there), at the bytes counted: a `buffer`."""
+    (`shardscope.hlo.accumulation`) as the TPU runs them: inside the matmuls that make the partial sums (a
+    sum added into a slot, moved out of the loop), or, for `explicit_reductions` (a program of Explicit axes,
+    which keeps every one in its loop), at the bytes counted: a `buffer`."""
     program = Program(module)
     runs = program.executions_per_step()
     fused = fused_computations(program, runs)
     scatters, expanded = expanded_scatters(program, runs)
     narrowing = Narrowing(module, program.instructions) if cpu_program else None
     regions = loop_regions(program, runs)
-    accumulating = loop_accumulations(program).adds if cpu_program else frozenset()
+    accumulations = loop_accumulations(program) if cpu_program else Accumulations()
+    # Explicit axes: every accumulated sum is taken in the loop, its adds on their own; Auto: a sum added into
+    # a slot is moved out of the loop, its adds done inside the matmuls (`shardscope.hlo.accumulation`).
+    accumulating = accumulations.adds if explicit_reductions else accumulations.slot_adds
     sums: dict[tuple[str, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
         if not count or name in fused or name in expanded:
