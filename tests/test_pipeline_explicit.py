@@ -60,41 +60,44 @@ def test_gathered_once_the_schedule_gathers_no_weight_over_fsdp(mode, gathers_ea
     assert weight_gathers_in_loop(True) == 0
 
 
-def _visit_gradient_bytes(plan_of, mode: str, mesh: dict[str, int]) -> tuple[int, int]:
-    """(bytes the prediction adds for the visit-gradient buffers; per step, over each FSDP-split stage weight
-    as a device stores it: g + 2g/repeats passes for the buffer of all the visits, g the split's size, and 3
-    for the add into the gradient; over a stage weight stored whole, the add into its visit's slot, 3 passes
-    of one visit: counted from the plan's tensors)."""
+def _prediction_bytes(plan_of, mode: str, mesh: dict[str, int]) -> tuple[int, int, int, int]:
+    """(bytes the prediction adds for the visit gradients, those expected; bytes it adds for the loop state,
+    those expected), counted from the plan's tensors and case.
+
+    Visit gradients, with Explicit axes only, per step: over each FSDP-split stage weight as a device stores
+    it, g + 2g/repeats passes for the buffer of all the visits (g the split's size) and 3 for the add into the
+    gradient; over a stage weight stored whole, the add into its visit's slot, 3 passes of one visit; and the
+    visit converted for its float32 sum, 1.5 passes of one gathered visit. With Auto axes nothing (the TPU adds
+    the partial sums inside the matmuls). Loop state: 4 passes per iteration over the stage's share of the
+    microbatches, the circular storage of all of them and the shift buffer."""
     from shardscope.predict.layout import placement_of
     from shardscope.predict.measure import tensors_only
-    from shardscope.predict.work import _visit_gradients
+    from shardscope.predict.work import _loop_state, _visit_gradients
 
     overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": mode}
     plan = tensors_only(plan_of(resolve_case("llama-tiny", "explicit-pipeline", mesh=mesh, overrides=overrides)))
     placement = placement_of(plan)
-    added = sum(entry.bytes for entry in _visit_gradients(plan, placement.weights, placement.case))
+    case = placement.case
+    added = sum(entry.bytes for entry in _visit_gradients(plan, placement.weights, case))
+    state = sum(entry.bytes for entry in _loop_state(plan, placement.weights, case, placement.micro_tokens))
     steps = 2 * REPEATS + 2 - 1
+    microbatches = 2 // mesh["stage"] + 2 + 1  # state_io's share, the circular storage, the shift buffer
+    itemsize = 4 if case.model.dtype == "float32" else 2
+    expected_state = 4 * steps * microbatches * placement.micro_tokens * case.model.embed_dim * itemsize
     stacked = [record for path, record in plan.tensors if record.kind == "param" and path.startswith(PIPELINED)]
-    if mode == "auto":
-        # With Auto axes the pick at a traced index updates a buffer of every stacked weight, as the layers
-        # use it (here the weights' own dtype: the tiny model runs in float32): read and written per step.
-        assert {r.dtype for r in stacked} == {placement.case.model.dtype}
-        return added, 2 * steps * sum(record.bytes_per_device for record in stacked)
     expected = 0
-    for record in stacked:
+    for record in stacked if mode == "explicit" else ():
         axes = {a for e in record.spec if e for a in (e if isinstance(e, tuple) else (e,))} - {"stage"}
         gathered = 1
         for axis in axes:
             gathered *= mesh[axis]
         passes = 3 + gathered * (1 + 2 / REPEATS) if gathered > 1 else 3 / REPEATS
-        expected += steps * round(passes * record.bytes_per_device)
-    return added, expected
+        expected += steps * round((passes + 1.5 * gathered / REPEATS) * record.bytes_per_device)
+    return added, expected, state, expected_state
 
 
-def test_the_prediction_counts_the_visit_gradient_buffers(plan_of):
-    added, expected = _visit_gradient_bytes(plan_of, "explicit", FSDP)
-    assert expected > 0 and added == expected
-    added, expected = _visit_gradient_bytes(plan_of, "explicit", STAGE_ONLY)
-    assert expected > 0 and added == expected
-    added, expected = _visit_gradient_bytes(plan_of, "auto", FSDP)
-    assert expected > 0 and added == expected
+def test_the_prediction_counts_the_visit_gradients_and_the_loop_state(plan_of):
+    for mode, mesh in (("explicit", FSDP), ("explicit", STAGE_ONLY), ("auto", FSDP)):
+        added, expected, state, expected_state = _prediction_bytes(plan_of, mode, mesh)
+        assert added == expected and (expected > 0) == (mode == "explicit")
+        assert state == expected_state > 0
