@@ -11,7 +11,7 @@ loop, does not say. Read from the TPU compiles at hand:
   MaxText marks the visited weights' gradients `reduced`) stay: reduced in the loop, in float32, each sum
   added into its slot on its own (69.8 GB a step per MLP matrix of Llama 2 7B, as counted).
 - Llama 3.1's vocabulary-tiled loss (Auto axes): its sums into whole carried values stay in the loop.
-So `moved` holds the slot accumulations only; which of them a TPU moves depends on who asks for the sum,
+So `slotted` holds the slot accumulations only; which of them a TPU moves depends on who asks for the sum,
 which the caller knows (the case's axis types).
 """
 
