@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from shardscope.case.hardware import load_hardware
-from shardscope.cost.estimate import price_row, tpu_execution
+from shardscope.cost.estimate import price_row
 from shardscope.cost.layout import layout_for
+from shardscope.cost.step import tpu_execution
 from shardscope.extract.collectives import extract_collectives
 from shardscope.hlo.accumulation import loop_accumulations
 from shardscope.hlo.executions import Program

@@ -18,7 +18,7 @@ from shardscope.cost.compute import compute_time
 from shardscope.cost.dcn import cross_slice_rows
 from shardscope.cost.layout import SLICE, Layout
 from shardscope.cost.memory import memory_need
-from shardscope.cost.step import expected_step, per_op_compute
+from shardscope.cost.step import expected_step, per_op_compute, tpu_execution
 from shardscope.hlo.profile import WorkBin
 from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
@@ -49,20 +49,12 @@ def price_row(
         return RowTime(None, 0.0, 0.0, "groups match no mesh axes")
     if row.op not in PRICED_OPS:
         return RowTime(None, 0.0, 0.0, f"no time model for {row.op}")
-    # A CPU program's row moves, on the TPU, the bytes its values take there (`tpu_bytes`), or, an all-reduce
-    # the TPU moves out of its loop, the accumulated buffers once (`tpu_moved_out`).
+    # As the TPU runs it: a CPU program's row in the TPU's bytes, or moved out of its loop (`tpu_execution`).
     nbytes, trips = tpu_execution(row, cpu_program)
     one = collective_time(row.op, nbytes, layout.group(row.axes, within_slice), hardware, row.shift)
     if trips is None:
         return RowTime(None, one.latency, one.transfer, "unknown loop trip count")
     return RowTime(one.seconds(efficiency) * row.count * trips, one.latency, one.transfer)
-
-
-def tpu_execution(row: CollectiveRow, cpu_program: bool) -> tuple[int, int | None]:
-    """(bytes, executions per step) of a row as the TPU runs it (a CPU program's row: see `price_row`)."""
-    if cpu_program and row.tpu_moved_out is not None:
-        return row.tpu_moved_out, 1
-    return (row.bytes if row.tpu_bytes is None else row.tpu_bytes), row.loop_trips
 
 
 def expert_width(plan: Plan) -> int:

@@ -78,6 +78,15 @@ def per_op_compute(
     return sum(bin_seconds(entry, hardware, cpu_program, expert_width) for entry in work)
 
 
+def tpu_execution(row: CollectiveRow, cpu_program: bool) -> tuple[int, int | None]:
+    """(bytes, executions per step) of a collective row as the TPU runs it: a CPU program's row moves the
+    bytes its values take on a TPU (`tpu_bytes`), or, an all-reduce the TPU moves out of its loop, the
+    accumulated buffers once (`tpu_moved_out`)."""
+    if cpu_program and row.tpu_moved_out is not None:
+        return row.tpu_moved_out, 1
+    return (row.bytes if row.tpu_bytes is None else row.tpu_bytes), row.loop_trips
+
+
 def expected_step(
     work: Sequence[WorkBin],
     rows: Iterable[tuple[CollectiveRow, RowTime]],
@@ -101,7 +110,7 @@ def expected_step(
     for row, time in rows:
         if time.seconds is None:
             continue
-        trips = 1 if cpu_program and row.tpu_moved_out is not None else row.loop_trips  # moved out of its loop
+        trips = tpu_execution(row, cpu_program)[1]  # an all-reduce moved out of its loop runs outside it
         placed = region_of.get(trips, trips)
         (handoffs if row.handoff else transfers)[placed] += time.seconds
     regions = compute.keys() | transfers.keys() | handoffs.keys()

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shardscope.hlo.executions import Program
-from shardscope.hlo.records import Instruction, parameter_index, users_of
+from shardscope.hlo.loops import loop_bodies
+from shardscope.hlo.records import Instruction, parameter_index, tuple_index, users_of
 from shardscope.hlo.shapes import hbm_bytes
 
 __all__ = ["Accumulations", "loop_accumulations"]
@@ -45,23 +46,9 @@ class Accumulations:
     buffer_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
-def _loop_bodies(program: Program) -> set[str]:
-    return {
-        callee
-        for comp in program.module.computations
-        for instruction in comp.instructions
-        if instruction.opcode == "while"
-        for attribute, callee in instruction.callees()
-        if attribute == "body"
-    }
-
-
 def _carried_element(instruction: Instruction, parameter: str) -> int | None:
     """The loop state element a value is (a `get-tuple-element` of the body's parameter), or None."""
-    if instruction.opcode != "get-tuple-element" or not instruction.operands or instruction.operands[0] != parameter:
-        return None
-    index = instruction.attribute("index")
-    return int(index) if index is not None and index.isdigit() else None
+    return tuple_index(instruction) if instruction.operands[:1] == (parameter,) else None
 
 
 def _accumulator(
@@ -98,8 +85,7 @@ def _accumulated_parameters(program: Program, fusion: Instruction) -> dict[int, 
     """The fusion's parameters it adds into and returns, and how: its result is `p + x` (`WHOLE`), or `p`
     with `p[s] + x` written at slice `s` (`SLOT`: a dynamic-update-slice of p whose update adds a
     dynamic-slice of p), seen through views."""
-    called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
-    inner = program.instructions(called[0]) if called else ()
+    inner = program.fused(fusion)
     by_name = {i.name: i for i in inner}
 
     def seen(name: str) -> Instruction | None:
@@ -135,7 +121,7 @@ def loop_accumulations(program: Program) -> Accumulations:
     slotted: set[str] = set()
     slot_adds: set[str] = set()
     buffers: dict[str, int] = {}
-    for body in sorted(_loop_bodies(program)):
+    for body in sorted(loop_bodies(program.module)):
         instructions = program.instructions(body)
         by_name = {i.name: i for i in instructions}
         root = next((i for i in instructions if i.is_root), None)

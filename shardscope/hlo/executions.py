@@ -98,6 +98,11 @@ class Program:
             self._tables[computation] = computation_instructions(self.module, computation)
         return self._tables[computation]
 
+    def fused(self, fusion: Instruction) -> tuple[Instruction, ...]:
+        """The instructions of the computation a fusion calls (none when it names none)."""
+        called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
+        return self.instructions(called[0]) if called else ()
+
     def shapes(self, computation: str) -> dict[str, str]:
         """Result shape text by instruction name: the shapes of an instruction's operands, looked up."""
         return {i.name: i.shape for i in self.instructions(computation)}

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 
 from shardscope.hlo.executions import computation_instructions
+from shardscope.hlo.loops import loop_bodies
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_OPS, Instruction, Module, base_opcode, parameter_index
 
 __all__ = ["Handoffs"]
@@ -42,14 +43,7 @@ class Handoffs:
     def __init__(self, module: Module) -> None:
         self.module = module
         self._matrix: dict[str, bool] = {}
-        self._bodies = {
-            callee
-            for comp in module.computations
-            for instruction in comp.instructions
-            if instruction.opcode == "while"
-            for attribute, callee in instruction.callees()
-            if attribute == "body"
-        }
+        self._bodies = loop_bodies(module)
         self._found: dict[str, frozenset[str]] = {}
         self._output_table: dict[str, list[tuple[frozenset[int], bool]] | None] = {}
 

@@ -8,9 +8,22 @@ from collections.abc import Mapping
 
 from shardscope.hlo.executions import Program
 from shardscope.hlo.metadata import op_name_in, split_outside_brackets
+from shardscope.hlo.records import Module
 from shardscope.hlo.shapes import shape_info
 
-__all__ = ["expanded_scatters", "loop_regions"]
+__all__ = ["expanded_scatters", "loop_bodies", "loop_regions"]
+
+
+def loop_bodies(module: Module) -> set[str]:
+    """The computations some `while` of the module runs as its body."""
+    return {
+        callee
+        for comp in module.computations
+        for instruction in comp.instructions
+        if instruction.opcode == "while"
+        for attribute, callee in instruction.callees()
+        if attribute == "body"
+    }
 
 
 def expanded_scatters(program: Program, runs: Mapping[str, int | None]) -> tuple[dict[str, int], set[str]]:

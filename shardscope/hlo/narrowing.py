@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.metadata import split_outside_brackets
-from shardscope.hlo.records import Instruction, Module, base_opcode, parameter_index, users_of
+from shardscope.hlo.records import Instruction, Module, base_opcode, parameter_index, tuple_index, users_of
 from shardscope.hlo.shapes import shape_info
 
 __all__ = ["Narrowing"]
@@ -106,7 +106,7 @@ class Narrowing:
                 continue
             operand = collective.operands[index] if index < len(collective.operands) else None
             if len(elements) > 1:
-                consumers = [u for u in table.users.get(collective.name, []) if _tuple_index(u) == index]
+                consumers = [u for u in table.users.get(collective.name, []) if tuple_index(u) == index]
                 half_use = bool(consumers) and all(self._rounds(table, u.name) for u in consumers)
             else:
                 half_use = self._rounds(table, collective.name)
@@ -163,10 +163,3 @@ class Narrowing:
     def _fused_table(self, fusion: Instruction) -> _Table | None:
         called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
         return self._table(called[0]) if called else None
-
-
-def _tuple_index(instruction: Instruction) -> int | None:
-    if instruction.opcode != "get-tuple-element":
-        return None
-    index = instruction.attribute("index")
-    return int(index) if index is not None and index.isdigit() else None

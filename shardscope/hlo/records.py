@@ -160,6 +160,14 @@ def parameter_index(parameter: Instruction) -> int:
     return int(parameter.operands[0]) if parameter.operands and parameter.operands[0].isdigit() else -1
 
 
+def tuple_index(instruction: Instruction) -> int | None:
+    """The element a `get-tuple-element` reads (None for any other instruction, or an unreadable index)."""
+    if instruction.opcode != "get-tuple-element":
+        return None
+    index = instruction.attribute("index")
+    return int(index) if index is not None and index.isdigit() else None
+
+
 def users_of(instructions: Sequence[Instruction]) -> dict[str, list[Instruction]]:
     """Each value's users among `instructions` (one computation's), in order, each user once."""
     users: dict[str, list[Instruction]] = {}

@@ -263,8 +263,7 @@ def fusion_bytes(
     """Bytes a fusion reads and writes: each operand as far as the fused code reads it, and its results.
     `halved`: positions of float32 operands to count at two bytes an element, and `half_result` its
     float32 result (a CPU program's values of bfloat16 precision: `shardscope.hlo.narrowing`)."""
-    called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
-    inner = program.instructions(called[0]) if called else ()
+    inner = program.fused(fusion)
     if not inner:
         return instruction_bytes(fusion, operand_shapes)
     by_name = {i.name: i for i in inner}
@@ -287,8 +286,7 @@ def materialised_scatter_bytes(program: Program, fusion: Instruction) -> int:
     device's share of it) into one loop, where the TPU writes the zeros out, updates them in place and
     reads the share back from memory. A scatter into zeros that is only added to a buffer of its shape (the
     gradient of a pipeline's loop state) is none: the TPU adds the update into that buffer in place."""
-    called = [callee for attribute, callee in fusion.callees() if attribute == "calls"]
-    inner = program.instructions(called[0]) if called else ()
+    inner = program.fused(fusion)
     by_name = {i.name: i for i in inner}
     broadcasts = {i.name for i in inner if i.opcode == "broadcast"}
     scatters = [
