@@ -20,10 +20,17 @@ import jax.numpy as jnp
 
 from reference_models.config import DecoderConfig
 from reference_models.decoder_layers import RESIDUAL, DeepSeekLayer, LlamaLayer, MixtralLayer
-from reference_models.layers import DenseGeneral, Embed, RMSNorm, explicit_spec, weights_in
+from reference_models.layers import DenseGeneral, Embed, RMSNorm, weights_in
 from reference_models.pipeline import run_pipeline
 from reference_models.remat import pipeline_remat_policy, remat_policy
-from reference_models.sharding import ShardingContext, current_context, path_prefix, sharding_context, unsharded
+from reference_models.sharding import (
+    ShardingContext,
+    current_context,
+    path_prefix,
+    place,
+    sharding_context,
+    unsharded,
+)
 
 # MaxText's `param_scan_axis`: where a stack's layer dimension sits in each of its parameters.
 PARAM_SCAN_AXIS = 1
@@ -208,9 +215,11 @@ class Decoder(nn.Module):
         if cfg.vocab_tiles > 1 and not head_only and not self.is_initializing():
             return x
         x = RMSNorm(cfg.norm_epsilon, name="decoder_norm")(x)
-        logits = DenseGeneral((cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, name="logits_dense")(x)
-        out = None if head_only else explicit_spec(_LOGITS)  # a chunk's logits are placed by the tiled loss
-        return logits if out is None else jax.sharding.reshard(logits, out)
+        # A chunk's logits are placed by the tiled loss; the whole batch's by the matmul (MaxText's out_sharding).
+        out = None if head_only else _LOGITS
+        return DenseGeneral(
+            (cfg.vocab_size,), ("embed_vocab", "vocab"), dtype=cfg.dtype, out_logical=out, name="logits_dense"
+        )(x)
 
     def _in_order(self, x: jax.Array, stack: LayerStack, layout: PipelineLayout) -> jax.Array:
         """A pipelined stack's layers run one after another in their order, outside any pipeline (one device)."""
@@ -273,6 +282,15 @@ def target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.sum(log_probs * jax.nn.one_hot(targets, logits.shape[-1], dtype=log_probs.dtype), axis=-1)
 
 
+# MaxText's train step places each token's cross-entropy on these axes (the batch split as the logits' is,
+# the stage axis included), which decides how the compiler splits the output head with Auto axes too.
+_TOKEN_LOSS = ("activation_embed_and_logits_batch", "activation_length")
+
+
 def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean cross-entropy of `targets` under `logits`."""
-    return -jnp.mean(target_log_probs(logits, targets))
+    log_probs = target_log_probs(logits, targets)
+    context = current_context()
+    if context is not None:
+        log_probs = place(context, log_probs, context.resolve(_TOKEN_LOSS))
+    return -jnp.mean(log_probs)

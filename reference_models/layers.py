@@ -51,6 +51,9 @@ class DenseGeneral(nn.Module):
     logical: tuple[str | None, ...]
     contract: int = 1
     dtype: str = "float32"
+    # With Explicit axes, the logical axes the result is placed on by the matmul itself (MaxText's
+    # `out_sharding` of the output head): the matmul then runs on that split of the batch, not the input's.
+    out_logical: tuple[str | None, ...] | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -64,6 +67,8 @@ class DenseGeneral(nn.Module):
             # Explicit axes need the result's sharding spelled out when the kernel is sharded (FSDP) on
             # axes the activation's batch already uses: the kernel is then gathered, as FSDP does.
             out = _explicit_out_spec(x, kernel, self.contract)
+            if self.out_logical is not None:
+                out = context.resolve(self.out_logical)
             return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), dims, out_sharding=out)
         return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), dims)
 

@@ -7,6 +7,9 @@ gradient. The cost model prices that buffer as the TPU keeps it (the CPU compile
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from shardscope.case import resolve_case
@@ -101,3 +104,20 @@ def test_the_prediction_counts_the_visit_gradients_and_the_loop_state(plan_of):
         added, expected, state, expected_state = _prediction_bytes(plan_of, mode, mesh)
         assert added == expected and (expected > 0) == (mode == "explicit")
         assert state == expected_state > 0
+
+
+def test_explicit_output_head_runs_on_the_logits_split_of_the_batch(compile_cached):
+    # MaxText gives the output head's matmul the logits' sharding (`activation_embed_and_logits_batch`, the
+    # stage axis among its axes) as its out_sharding: the matmul runs on that split of the batch, not on the
+    # pipeline output's (which the stage axis does not split), and no device computes another's logits.
+    overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": "explicit"}
+    case = resolve_case("llama-tiny", "explicit-pipeline", mesh=FSDP, overrides=overrides)
+    text = compile_cached(case).compiled.as_text()
+    vocab = case.model.vocab_size
+    forward = re.compile(rf"= \w+\[(\d+),\d+,{vocab}\]\S* \w+\(.*jvp\(\w+\)/decoder/logits_dense/dot_general")
+    batches = {
+        int(m.group(1)) for line in text.splitlines() if (m := forward.search(line)) and "transpose(" not in line
+    }
+    logits_batch = dict(case.preset.logical_axis_rules)["activation_embed_and_logits_batch"]
+    assert "stage" in logits_batch
+    assert batches == {case.global_batch // math.prod(FSDP[axis] for axis in logits_batch)}
