@@ -26,8 +26,10 @@ DATA = Path(__file__).parent / "data" / "maxtext" / "custom_mesh_and_rule"
 MAXTEXT_FILES = sorted(DATA.glob("*.yml"))
 MODELS = ("deepseek-tiny", "mixtral-tiny")
 
-# The residual stream (both families), the MoE's tokens, and the inputs (MaxText's input sharding).
+# The residual stream (both families), the MoE's tokens, the inputs (MaxText's input sharding) and the loss
+# (each token's cross-entropy placed on activation_embed_and_logits_batch, activation_length, as MaxText's).
 _COMMON = {
+    "activation_length",
     "activation_batch",
     "activation_norm_length",
     "activation_embed",
@@ -55,9 +57,9 @@ _COMMON = {
     "mlp_no_fsdp",
 }
 MODEL_NAMES = {
-    # MLA (low-rank q and kv, activation_length), dense MLP layers (mlp, activation_mlp), two layer stacks.
+    # MLA (low-rank q and kv), dense MLP layers (mlp, activation_mlp), two layer stacks.
     "deepseek-tiny": _COMMON
-    | {"q_lora", "q_lora_up_proj", "kv_lora", "kv_lora_up_proj", "activation_length", "mlp", "activation_mlp"}
+    | {"q_lora", "q_lora_up_proj", "kv_lora", "kv_lora_up_proj", "mlp", "activation_mlp"}
     | {"dense_layers", "moe_layers"},
     # GQA attention's own activation names, one layer stack, no dense MLP.
     "mixtral-tiny": _COMMON
@@ -66,7 +68,7 @@ MODEL_NAMES = {
 # Every name some model family uses, per the checked-in table (test_lint_families.py keeps it true).
 FAMILY_USED = {name for names in FAMILY_NAMES.values() for name in names}
 # Resolved only under Explicit mesh axes (the embedding's and the logits' out_sharding).
-EXPLICIT_NAMES = {"activation_vocab", "activation_length"}
+EXPLICIT_NAMES = {"activation_vocab"}
 
 # Rules that apply to nothing because earlier rules always win, as (name, which rule for that name, from 1):
 SHADOWED = {

@@ -11,7 +11,8 @@ over the stages on the way in and the outputs on the way out (and the outputs' g
 pass); each stage's weights are gathered whole over the other axes once per step in each pass (placed on
 the stage axis alone at every iteration, MaxText's `shard_dim_by_stages` without a spec, which the scan
 hoists out of its loop), and in a CPU program its loop state too, besides the gathers each layer makes
-inside; and the logits' gradient, split over the stages outside, is gathered over them to meet the output.
+inside; and the logits' gradient, split over the stages outside, is gathered over them to meet the output,
+and over every batch axis for the output head's weight gradient (the head runs on the logits' split).
 Not followed yet: the MoE models' explicit pipelines, whose vmap over the stages batches the MoE's
 shard_map with the stage dimension replicated (tests/test_predict.py: UNFOLLOWED_PIPELINES). Not predicted: the
 all-to-alls over the batch axes that split the batch into contiguous microbatches and join them again
@@ -79,6 +80,11 @@ def pipeline_collectives(
     rows += [collective_row("all-gather", stages, edge, dtype, p, module, cause) for p in ("forward", "backward")]
     rows.append(collective_row("all-gather", stages, edge, dtype, "forward", module, cause))
     rows.append(collective_row("all-gather", stages, (edge[0], model.vocab_size), dtype, "backward", module, cause))
+    # The output head's matmul runs on the logits' split of the batch (MaxText's out_sharding, the stage axis
+    # among its axes): its weight's gradient gathers the logits' gradient over every one of those axes.
+    head = in_mesh_order(plan, set(batch) | set(stages))
+    whole = tokens * math.prod(sizes[a] for a in head)
+    rows.append(collective_row("all-gather", head, (whole, model.vocab_size), dtype, "backward", module, cause))
     closed = in_mesh_order(plan, set(batch) - set(stages))
     # A TPU program keeps the loop state split at the edge (seed 003's explicit compiles for v5p-8, with and
     # without ZeRO-1 or the weights gathered once, have none of these gathers); a CPU program gathers it.
