@@ -283,7 +283,7 @@ def target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 # MaxText's train step places each token's cross-entropy on these axes (the batch split as the logits' is,
-# the stage axis included), which decides how the compiler splits the output head with Auto axes too.
+# the stage axis included).
 _TOKEN_LOSS = ("activation_embed_and_logits_batch", "activation_length")
 
 

@@ -66,9 +66,10 @@ class DenseGeneral(nn.Module):
         if context is not None and context.explicit:
             # Explicit axes need the result's sharding spelled out when the kernel is sharded (FSDP) on
             # axes the activation's batch already uses: the kernel is then gathered, as FSDP does.
-            out = _explicit_out_spec(x, kernel, self.contract)
             if self.out_logical is not None:
                 out = context.resolve(self.out_logical)
+            else:
+                out = _explicit_out_spec(x, kernel, self.contract)
             return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), dims, out_sharding=out)
         return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), dims)
 
