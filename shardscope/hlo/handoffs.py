@@ -21,7 +21,15 @@ from collections.abc import Sequence
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.loops import loop_bodies
-from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_OPS, Instruction, Module, base_opcode, parameter_index
+from shardscope.hlo.records import (
+    ASYNC_ENDS,
+    COLLECTIVE_OPS,
+    Instruction,
+    Module,
+    base_opcode,
+    parameter_index,
+    tuple_index,
+)
 
 __all__ = ["Handoffs"]
 
@@ -115,13 +123,13 @@ class Handoffs:
         element: dict[str, int] = {}  # loop state element a `get-tuple-element` of the parameter reads
         for i in instructions:
             producer = by_name.get(i.operands[0]) if i.opcode == "get-tuple-element" and i.operands else None
-            index = i.attribute("index")
-            if producer is not None and producer is parameter and index is not None and index.isdigit():
-                sources[i.name], own[i.name], element[i.name] = (), False, int(index)
+            index = tuple_index(i)
+            if producer is not None and producer is parameter and index is not None:
+                sources[i.name], own[i.name], element[i.name] = (), False, index
                 continue
             outputs = self._outputs(producer) if producer is not None else None
-            if producer is not None and outputs is not None and index is not None and int(index) < len(outputs):
-                read, made = outputs[int(index)]
+            if producer is not None and outputs is not None and index is not None and index < len(outputs):
+                read, made = outputs[index]
                 sources[i.name] = tuple(producer.operands[j] for j in sorted(read) if j < len(producer.operands))
                 own[i.name] = made
                 continue

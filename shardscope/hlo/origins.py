@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardscope.hlo.executions import computation_instructions
 from shardscope.hlo.metadata import op_name_in
-from shardscope.hlo.records import Instruction, Module
+from shardscope.hlo.records import Instruction, Module, tuple_index
 
 __all__ = ["Origin", "Origins", "op_name_of"]
 
@@ -124,10 +124,10 @@ class Origins:
                 name = site_inst.operands[number]
                 continue
             if op == "get-tuple-element":
-                index = inst.attribute("index")
-                if not inst.operands or index is None or not index.isdigit():
+                index = tuple_index(inst)
+                if not inst.operands or index is None:
                     return None
-                name, pick = inst.operands[0], (int(index), *pick)
+                name, pick = inst.operands[0], (index, *pick)
                 continue
             if op == "tuple":
                 if not pick or pick[0] >= len(inst.operands):

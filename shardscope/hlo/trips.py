@@ -13,12 +13,11 @@ import re
 from typing import Any
 
 from shardscope.hlo.module import InstructionTable
-from shardscope.hlo.records import Instruction, Module
+from shardscope.hlo.records import Instruction, Module, tuple_index
 
 __all__ = ["LoopTrips"]
 
 _TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
-_INDEX_RE = re.compile(r"\d+")
 _INT_RE = re.compile(r"-?\d+")
 _PASS_THROUGH = frozenset({"copy", "bitcast", "convert", "reshape"})
 _FLIP = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE", "EQ": "EQ", "NE": "NE"}
@@ -66,8 +65,8 @@ class LoopTrips:
             return env[k] if env is not None and 0 <= k < len(env) else None
         if opcode == "get-tuple-element" and env is None and args:
             source = table.get(args[0])
-            index = _INDEX_RE.fullmatch(instruction.attribute("index") or "")
-            return (int(index.group()), 1, 0) if source and source.opcode == "parameter" and index else None
+            index = tuple_index(instruction)
+            return (index, 1, 0) if source and source.opcode == "parameter" and index is not None else None
         if opcode in _PASS_THROUGH and args:
             return self._affine(comp, args[0], env, depth + 1)
         if opcode in ("fusion", "call"):
