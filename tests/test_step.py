@@ -180,3 +180,26 @@ def test_the_pytest_plugin_checks_a_step(tmp_path):
     GoldenChecker(update=False).check_step(f"{EXAMPLE}:make_step", golden)
     with pytest.raises(pytest.fail.Exception, match="plan differs"):
         GoldenChecker(update=False).check_step(mlp_step.make_replicated_step, golden)
+
+
+def test_a_step_whose_state_holds_a_typed_key_and_an_unused_argument():
+    """A train state that carries its own RNG (a typed key, as MaxText's NNX state does) and a batch field the
+    step never reads (jit drops it from the compiled program) plan as any step: the key's record says what it
+    is and how large, and the dropped field is not an input of the program."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    state = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32), "rng": jax.eval_shape(lambda: jax.random.key(0))}
+    batch = {"x": jax.ShapeDtypeStruct((16, 64), jnp.float32), "unused": jax.ShapeDtypeStruct((16,), jnp.int32)}
+
+    def step(state, batch):
+        rng, _ = jax.random.split(state["rng"])
+        return {"w": state["w"] - 0.1 * batch["x"].T @ (batch["x"] @ state["w"]), "rng": rng}
+
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    jitted = jax.jit(step, in_shardings=({"w": replicated, "rng": replicated}, {"x": rows, "unused": rows}))
+    plan = shardscope.plan_step(jitted, (state, batch), mesh, name="keyed")
+    key = plan.tensor_map["inputs/0/rng"]
+    key_size = jax.random.key(0).dtype.itemsize  # JAX's own size of one key, not shardscope's
+    assert key.dtype == str(state["rng"].dtype) and key.bytes_per_device == key_size
+    assert plan.tensor_map["inputs/1/x"].spec == ("data", None)
+    assert "inputs/1/unused" not in plan.tensor_map
+    assert plan.tensor_map["outputs/rng"].dtype == key.dtype

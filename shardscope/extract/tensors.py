@@ -77,11 +77,17 @@ def spec_of(sharding: Any) -> Any:
 
 
 def input_tensors(compiled: Any, mesh: dict[str, int]) -> dict[str, TensorRecord]:
-    """Arguments of any compiled function, as the compiled program takes them."""
+    """Arguments of any compiled function, as the compiled program takes them.
+
+    An argument the program never reads is dropped by jit (its sharding is None): it is not an input of the
+    compiled program, so it is left out rather than given a placement it does not have.
+    """
     tensors: dict[str, TensorRecord] = {}
     avals = jax.tree_util.tree_flatten_with_path(compiled.in_avals[0])[0]
-    shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
+    shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0], is_leaf=lambda leaf: leaf is None)
     for (key_path, aval), sharding in zip(avals, shardings, strict=True):
+        if sharding is None:
+            continue
         spec = normalize_spec(spec_of(sharding), len(aval.shape))
         tensors[f"inputs/{path_of(key_path)}"] = tensor_record("input", aval.shape, aval.dtype, None, spec, mesh)
     return tensors

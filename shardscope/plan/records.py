@@ -164,19 +164,30 @@ def tensor_record(
     kind: str, shape: Sequence[int], dtype: Any, logical: Sequence[str | None] | None, spec: Spec, mesh: dict[str, int]
 ) -> TensorRecord:
     """A tensor's record, with its per-device shard shape and bytes (ceil division: XLA pads uneven shards)."""
-    import ml_dtypes  # noqa: F401  # lazy: registers bfloat16 and the float8 types with numpy
-    import numpy as np
-
     local = shard_shape(shape, spec, mesh)
+    name, itemsize = dtype_name_and_size(dtype)
     return TensorRecord(
         kind=kind,
         shape=tuple(int(d) for d in shape),
-        dtype=str(np.dtype(dtype)),
+        dtype=name,
         logical=tuple(logical) if logical is not None else None,
         spec=spec,
         shard_shape=local,
-        bytes_per_device=math.prod(local) * np.dtype(dtype).itemsize,
+        bytes_per_device=math.prod(local) * itemsize,
     )
+
+
+def dtype_name_and_size(dtype: Any) -> tuple[str, int]:
+    """A dtype's name and bytes per element, numpy's or JAX's extended ones (a typed PRNG key, `key<fry>`,
+    which a train state holding its own RNG carries: numpy does not know it, JAX gives its size)."""
+    import ml_dtypes  # noqa: F401  # lazy: registers bfloat16 and the float8 types with numpy
+    import numpy as np
+
+    try:
+        numpy_dtype = np.dtype(dtype)
+    except TypeError:
+        return str(dtype), int(dtype.itemsize)
+    return str(numpy_dtype), numpy_dtype.itemsize
 
 
 def case_record(case: Case) -> CaseRecord:
