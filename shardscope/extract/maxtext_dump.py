@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,13 +151,8 @@ def read_dump(directory: Path) -> MaxTextDump:
             )
     except (KeyError, TypeError, ValueError) as err:
         raise ShardscopeError(f"{directory / DUMP_FILES[0]}: unexpected entry ({type(err).__name__}: {err})") from None
-    where = str(directory / DUMP_FILES[2])
-    activations = [
-        _activation(key, value, where)
-        for item in inputs.get("Activation Sharding Dump", [])
-        for key, value in (item.items() if isinstance(item, dict) else ())
-    ]
-    return MaxTextDump(mesh=mesh, tensors=tuple(tensors), activations=tuple(activations))
+    activations = read_activations(inputs.get("Activation Sharding Dump", []), str(directory / DUMP_FILES[2]))
+    return MaxTextDump(mesh=mesh, tensors=tuple(tensors), activations=activations)
 
 
 @dataclass(frozen=True)
@@ -214,6 +210,44 @@ def equivalent_mesh_and_settings(case: DumpCase, mesh_axes: tuple[str, ...]) -> 
     return mesh, settings
 
 
+def state_record(
+    path: str, shape: tuple[int, ...], dtype: Any, logical: tuple[str | None, ...], spec: Spec, sizes: dict[str, int]
+) -> TensorRecord:
+    """A train-state leaf of MaxText's as a plan record: a parameter or optimizer state, its spec without
+    mesh axes of size 1 (as plans write them)."""
+    kind = "param" if path.startswith("params/") else "opt_state"
+    return tensor_record(kind, shape, dtype, logical, drop_unit_axes(spec, sizes), sizes)
+
+
+def activation_records(activations: Sequence[DumpActivation], sizes: dict[str, int]) -> dict[str, TensorRecord]:
+    """MaxText's activation constraints as plan records, `activations/<file>/<name>` (a name MaxText gives two
+    different values is `…#2`, `…#3`)."""
+    tensors: dict[str, TensorRecord] = {}
+    for a in activations:
+        base = f"activations/{a.module_file}/{a.name}"
+        spec = drop_unit_axes(a.spec + (None,) * (len(a.shape) - len(a.spec)), sizes)  # P() may leave dims out
+        record = tensor_record("activation", a.shape, a.dtype, a.logical, spec, sizes)
+        path, suffix = base, 1
+        while path in tensors and tensors[path] != record:
+            suffix += 1
+            path = f"{base}#{suffix}"
+        tensors[path] = record
+    return tensors
+
+
+def read_activations(entries: Sequence[Any], where: str) -> tuple[DumpActivation, ...]:
+    """MaxText's activation-sharding dump entries (`{"file/name: dtype[shape]": {...}}` each) as records.
+
+    Raises:
+      ShardscopeError: an entry not as MaxText writes them.
+    """
+    return tuple(
+        _activation(key, value, where)
+        for item in entries
+        for key, value in (item.items() if isinstance(item, dict) else ())
+    )
+
+
 def dump_to_plan(directory: Path, model: str | None = None) -> Plan:
     """A MaxText dump as a tensors-only plan: its train state (parameters and optimizer state, float32 as
     MaxText's dump runs them) and its activations (`activations/<file>/<name>`), specs without mesh axes
@@ -230,18 +264,9 @@ def dump_to_plan(directory: Path, model: str | None = None) -> Plan:
     for t in dump.tensors:
         if t.path == "step":
             continue  # the train state's step counter: a scalar no sharding rule touches
-        kind = "param" if t.path.startswith("params/") else "opt_state"
         dtype = "int32" if t.path.endswith("/count") else "float32"
-        tensors[t.path] = tensor_record(kind, t.shape, dtype, t.logical, drop_unit_axes(t.spec, sizes), sizes)
-    for a in dump.activations:
-        base = f"activations/{a.module_file}/{a.name}"
-        spec = drop_unit_axes(a.spec + (None,) * (len(a.shape) - len(a.spec)), sizes)  # P() may leave dims out
-        record = tensor_record("activation", a.shape, a.dtype, a.logical, spec, sizes)
-        path, suffix = base, 1
-        while path in tensors and tensors[path] != record:
-            suffix += 1
-            path = f"{base}#{suffix}"
-        tensors[path] = record
+        tensors[t.path] = state_record(t.path, t.shape, dtype, t.logical, t.spec, sizes)
+    tensors.update(activation_records(dump.activations, sizes))
     return Plan(
         case=CaseRecord(
             model=model or case.model,

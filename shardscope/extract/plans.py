@@ -21,7 +21,7 @@ from shardscope.plan.records import SCHEMA, TENSORS_ONLY, CaseRecord, case_recor
 from shardscope.stages.compile import CompiledStep, TracedStep
 
 
-def _memory(compiled: Any, platform: str) -> tuple[tuple[str, int], ...]:
+def memory_of(compiled: Any, platform: str) -> tuple[tuple[str, int], ...]:
     analysis = compiled.memory_analysis()
     if analysis is None:
         return ()
@@ -103,7 +103,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
         collectives=extract_collectives(
             module, slice_mesh(case), narrow=cpu, explain=explain, moved_out=cpu and not explicit
         ),
-        memory=_memory(step.compiled, case.topology.platform),
+        memory=memory_of(step.compiled, case.topology.platform),
         schema=SCHEMA,
         compute=compute_of(module),
         work=work_profile(module, cpu_program=cpu, explicit_reductions=explicit),
@@ -145,7 +145,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
         provenance=provenance(devices.platform, {}),
         tensors=tuple(sorted(tensors.items())),
         collectives=extract_collectives(module, tuple(sizes.items())),
-        memory=_memory(compiled, devices.platform),
+        memory=memory_of(compiled, devices.platform),
         schema=SCHEMA,
         compute=compute_of(module),
     )

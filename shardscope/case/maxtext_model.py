@@ -1,0 +1,160 @@
+"""`maxtext:MODEL`: MaxText's own training step as a case: which MaxText tree, which of its models, which
+command line, on which topology.
+
+Everything here is checked before JAX or MaxText is imported, so a wrong name fails in milliseconds: the tree
+(the installed `maxtext` package, or a checkout given by `--maxtext-path`) is found on disk, its version read
+from its `version.py`, and its models are the files of its `configs/models/`. Building the step is
+`shardscope.stages.maxtext_program`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardscope.case.topology import Topology
+from shardscope.errors import ShardscopeError
+
+PREFIX = "maxtext:"
+# The MaxText releases this route is tested with: 0.2.4 is the tree of MaxText's main in August 2026 (commit
+# e591f30), 0.2.5 the PyPI release after it. Another version may build its step differently (MaxText moves
+# its train-step helpers between releases), so it is refused by name rather than planned wrongly.
+SUPPORTED_VERSIONS = ("0.2.4", "0.2.5")
+INSTALL_HINT = "pip install 'shardscope[maxtext]' (Python 3.12 or newer), or give a checkout with --maxtext-path"
+_VERSION = re.compile(r"""__version__\s*=\s*["']([^"']+)["']""")
+
+
+class MaxTextError(ShardscopeError):
+    """A `maxtext:` case that cannot be planned as given: MaxText missing, unknown model, wrong tree."""
+
+
+@dataclass(frozen=True)
+class MaxTextTree:
+    """A MaxText source tree: the directory that holds the `maxtext` package, and its version."""
+
+    package_dir: Path  # …/maxtext (holds configs/base.yml)
+    version: str
+    checkout: bool  # given by --maxtext-path (put first on sys.path), not the installed package
+
+    @property
+    def src(self) -> Path:
+        """The directory to import `maxtext` from."""
+        return self.package_dir.parent
+
+    @property
+    def base_config(self) -> Path:
+        """MaxText's base.yml, the first word of its command line."""
+        return self.package_dir / "configs" / "base.yml"
+
+    def model_names(self) -> tuple[str, ...]:
+        """The models the tree has: one yml each under configs/models/."""
+        return tuple(sorted(p.stem for p in (self.package_dir / "configs" / "models").glob("*.yml")))
+
+
+@dataclass(frozen=True)
+class MaxTextCase:
+    """One `maxtext:` case: MaxText's model on a topology under its own command line."""
+
+    model: str  # MaxText's model_name
+    topology: Topology
+    args: tuple[tuple[str, str], ...]  # MaxText's command-line keys, in the order given
+    tree: MaxTextTree
+
+    @property
+    def name(self) -> str:
+        """The model as the user named it."""
+        return PREFIX + self.model
+
+    @property
+    def rule(self) -> str:
+        """The rule file the command line names (`custom_mesh_and_rule`), or "default" (base.yml's rules)."""
+        return dict(self.args).get("custom_mesh_and_rule") or "default"
+
+    def argv(self) -> list[str]:
+        """MaxText's argv, as `train_compile` takes it: base.yml, then key=value overrides."""
+        words = [str(self.tree.base_config), f"model_name={self.model}"]
+        if self.topology.tpu is not None:
+            words += [
+                f"compile_topology={self.topology.tpu.name}",
+                f"compile_topology_num_slices={self.topology.slices}",
+            ]
+        else:
+            # No TPU to compile for: MaxText builds its mesh from the host's (fake CPU) devices.
+            words += ["hardware=cpu"]
+        words += ["skip_jax_distributed_system=true", "log_config=false", "debug_sharding=true"]
+        return words + [f"{key}={value}" for key, value in self.args]
+
+
+def is_maxtext_model(name: str) -> bool:
+    """Whether a model name asks for MaxText's own program."""
+    return name.startswith(PREFIX)
+
+
+def _read_version(package_dir: Path) -> str:
+    match = _VERSION.search((package_dir / "version.py").read_text(encoding="utf-8"))
+    return match.group(1) if match else "unknown"
+
+
+def find_tree(path: Path | None) -> MaxTextTree:
+    """The MaxText tree to plan: a checkout (`--maxtext-path`: its root or its `src/`) or the installed package.
+
+    Raises:
+      MaxTextError: MaxText is not installed, the path is not a MaxText tree, or its version is not supported.
+    """
+    if path is None:
+        spec = importlib.util.find_spec("maxtext")
+        if spec is None or not spec.submodule_search_locations:
+            raise MaxTextError(f"maxtext: models need MaxText, which is not importable here: {INSTALL_HINT}")
+        package_dir, checkout = Path(next(iter(spec.submodule_search_locations))), False
+    else:
+        candidates = [path / "src" / "maxtext", path / "maxtext", path]
+        found = [c for c in candidates if (c / "configs" / "base.yml").is_file() and (c / "version.py").is_file()]
+        if not found:
+            raise MaxTextError(
+                f"--maxtext-path {path}: not a MaxText tree (expected src/maxtext/configs/base.yml under it)"
+            )
+        package_dir, checkout = found[0].resolve(), True
+    if not (package_dir / "configs" / "base.yml").is_file():
+        raise MaxTextError(f"MaxText at {package_dir} has no configs/base.yml: not a MaxText tree")
+    version = _read_version(package_dir)
+    if version not in SUPPORTED_VERSIONS:
+        raise MaxTextError(
+            f"MaxText {version} (at {package_dir}) is not a version this route knows; "
+            f"supported: {', '.join(SUPPORTED_VERSIONS)}"
+        )
+    return MaxTextTree(package_dir=package_dir, version=version, checkout=checkout)
+
+
+def check_model(tree: MaxTextTree, model: str) -> str:
+    """MaxText's model name of `maxtext:NAME`.
+
+    Raises:
+      MaxTextError: the tree has no such model (with "did you mean").
+    """
+    name = model.removeprefix(PREFIX)
+    known = tree.model_names()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(PREFIX + c for c in close)}?" if close else ""
+        raise MaxTextError(f"unknown MaxText model {name!r} (MaxText {tree.version} has {len(known)}){hint}")
+    return name
+
+
+def resolve_maxtext_model(
+    model: str, topology: Topology, args: tuple[tuple[str, str], ...], path: Path | None = None
+) -> MaxTextCase:
+    """A `maxtext:MODEL` case, checked against the tree it will be built from.
+
+    Raises:
+      MaxTextError: see `find_tree` and `check_model`; a command line that names the model or the topology
+        again (they are `maxtext:MODEL` and `--topology`).
+    """
+    tree = find_tree(path)
+    name = check_model(tree, model)
+    for key in ("model_name", "compile_topology", "compile_topology_num_slices", "hardware"):
+        if key in dict(args):
+            raise MaxTextError(f"--maxtext {key}=…: the model is maxtext:NAME and the topology --topology")
+    return MaxTextCase(model=name, topology=topology, args=args, tree=tree)

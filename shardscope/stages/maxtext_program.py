@@ -1,0 +1,236 @@
+"""MaxText's own training step, built as MaxText's `train_compile` builds it, then lowered and compiled.
+
+The step is MaxText's, not a copy: its config from its own command line (`pyconfig.initialize`), its mesh
+(`get_topology_mesh` for a TPU topology; `create_device_mesh` on the fake CPU devices otherwise), its abstract
+train state and shardings (`get_shaped_inputs`), ZeRO-1's parameter shardings, its input sharding and its
+jitted `train_step` (`get_functional_train_with_signature`). It is traced inside MaxText's own contexts, its
+mesh and `nn_partitioning.axis_rules(config.logical_axis_rules)`: outside them MaxText's constraints resolve
+against no rules and a different program compiles without a word.
+
+MaxText records each activation constraint it makes (with `debug_sharding`) in a module-level list; the list
+is emptied before a build and read after it, so a plan holds the constraints of its own step only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope.case.maxtext_model import MaxTextCase, MaxTextError
+from shardscope.errors import MemoryExhaustedError
+from shardscope.stages.compiler_log import capture_compiler_log
+from shardscope.stages.devices import tpu_devices
+from shardscope.stages.user_step import one_line
+
+
+@dataclass(frozen=True)
+class MaxTextStep:
+    """MaxText's train step, built (abstract state and shardings) and, unless only its tensors are asked for,
+    lowered and compiled."""
+
+    case: MaxTextCase
+    config: Any  # MaxText's config object
+    mesh: Any  # jax.sharding.Mesh
+    state: Any  # the abstract train state (TrainState of ShapeDtypeStructs, or an NNX state)
+    state_shardings: Any  # NamedSharding per state leaf, as the step takes them
+    logical: Any  # PartitionSpec of logical axis names per state leaf (MaxText's logical annotations)
+    batch: dict[str, Any]  # the shaped batch
+    batch_sharding: Any  # the input data sharding (one NamedSharding for every batch field)
+    activations: tuple[dict[str, Any], ...]  # MaxText's activation-sharding dump entries of this build
+    lowered: Any = None
+    compiled: Any = None
+    compiler_log: str = ""
+    compiler_log_visible: bool = True
+
+
+def _import_maxtext(case: MaxTextCase) -> None:
+    """Puts the case's MaxText tree first on the import path; one process plans one tree."""
+    src = str(case.tree.src)
+    loaded = sys.modules.get("maxtext")
+    if loaded is not None:
+        where = next(iter(getattr(loaded, "__path__", [])), "")
+        if not where.startswith(src):
+            raise MaxTextError(
+                f"this process already imported MaxText from {where}; plan {src} in a process of its own"
+            )
+        return
+    if case.tree.checkout and src not in sys.path:
+        sys.path.insert(0, src)
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """MaxText prints its progress on standard output, where a plan may be going (`-o -`): kept off it."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+@contextlib.contextmanager
+def _maxtext_rng() -> Iterator[None]:
+    """MaxText's train_compile runs with the `unsafe_rbg` PRNG (its keys, and so its step's RNG arguments, are
+    four words, not two); set for this build only, so that other plans of the process keep JAX's default."""
+    from jax._src import config  # lazy; the scoped form of `jax.config.update("jax_default_prng_impl", …)`
+
+    # The TPU compiler's flag that goes with it, as train_compile sets it (read when libtpu starts).
+    flag = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"
+    if flag not in os.environ.get("LIBTPU_INIT_ARGS", ""):
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {flag}".strip()
+    with config.default_prng_impl("unsafe_rbg"):
+        yield
+
+
+def _config_error(err: Exception) -> str:
+    """MaxText's own complaint about a command line, as one line."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):  # pydantic's ValidationError: the first field it refused, and why
+        try:
+            first = errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            return f"{where}: {first.get('msg', '')}" if where else str(first.get("msg", ""))
+        except (TypeError, IndexError, AttributeError):
+            pass
+    return one_line(err)
+
+
+def maxtext_config(case: MaxTextCase) -> Any:
+    """MaxText's config of the case's command line.
+
+    Raises:
+      MaxTextError: MaxText refuses the command line (its own message), or cannot be imported.
+    """
+    _import_maxtext(case)
+    try:
+        from maxtext.configs import pyconfig  # lazy: MaxText is an optional extra
+    except ImportError as err:
+        raise MaxTextError(f"MaxText {case.tree.version} cannot be imported ({one_line(err)})") from None
+    try:
+        with _quiet_stdout():
+            return pyconfig.initialize(["shardscope", *case.argv()])
+    except Exception as err:  # MaxText's config raises ValueError, pydantic errors, AssertionError, …
+        raise MaxTextError(f"MaxText's config refused maxtext:{case.model}: {_config_error(err)}") from None
+
+
+def _mesh(case: MaxTextCase, config: Any) -> Any:
+    import jax  # lazy: JAX starts once the device pool is sized
+    from jax.sharding import AxisType, Mesh
+    from maxtext.common.common_types import ShardMode
+    from maxtext.trainers.pre_train import train_compile
+    from maxtext.utils import maxtext_utils
+
+    if case.topology.tpu is not None:
+        tpu_devices(case.topology.tpu, case.topology.slices)  # libtpu's check and quiet environment
+        return train_compile.get_topology_mesh(config)
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    if len(devices) != case.topology.num_devices:
+        # MaxText sizes its batch and its -1 axes by the process's device count.
+        raise MaxTextError(
+            f"maxtext:{case.model} on {case.topology.name} needs a process of {case.topology.num_devices} "
+            f"CPU devices; this one has {len(devices)}"
+        )
+    axis_type = AxisType.Explicit if config.shard_mode == ShardMode.EXPLICIT else AxisType.Auto
+    grid = maxtext_utils.create_device_mesh(config, devices)
+    return Mesh(grid, config.mesh_axes, axis_types=(axis_type,) * len(config.mesh_axes))
+
+
+def _activation_dump() -> Any:
+    from maxtext.utils import sharding  # lazy: MaxText is an optional extra
+
+    return sharding
+
+
+def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool = True) -> MaxTextStep:
+    """MaxText's train step of a case: its state and shardings, and (with `lower`) its lowered and (with
+    `compile_step`) compiled program.
+
+    Raises:
+      MaxTextError: MaxText refuses the command line or cannot build the step (its message, one line).
+      MemoryExhaustedError: the TPU compiler cannot fit the step in device memory.
+    """
+    import jax  # lazy: JAX starts once the device pool is sized
+    from flax.linen import partitioning as nn_partitioning
+
+    config = maxtext_config(case)
+    from maxtext.trainers.pre_train import train, train_compile  # lazy: MaxText is an optional extra
+    from maxtext.utils import maxtext_utils, sharding
+
+    sharding.clear_input_shardings_dump()
+    try:
+        with _quiet_stdout(), _maxtext_rng():
+            mesh = _mesh(case, config)
+            args, kwargs, state_shardings, logical, model = train_compile.get_shaped_inputs(mesh, config)
+            params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
+            input_shardings = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
+            data_sharding = sharding.get_input_data_sharding(config, mesh)
+            function, in_shardings, out_shardings, static, donate = maxtext_utils.get_functional_train_with_signature(
+                train.train_step, data_sharding, input_shardings, model, config, params_shardings
+            )
+    except MaxTextError:
+        raise
+    except Exception as err:  # MaxText's own code refusing the case (asserts, ValueErrors)
+        raise MaxTextError(f"MaxText could not build maxtext:{case.model}: {_config_error(err)}") from None
+    built = MaxTextStep(
+        case=case,
+        config=config,
+        mesh=mesh,
+        state=args[0],
+        state_shardings=input_shardings,
+        logical=logical,
+        batch=dict(args[1]),
+        batch_sharding=data_sharding,
+        activations=tuple(sharding._ACTIVATION_SHARDINGS_DUMP),
+    )
+    if not lower:
+        return built
+    rules = nn_partitioning.axis_rules(config.logical_axis_rules)
+    try:
+        with _quiet_stdout(), _maxtext_rng(), jax.set_mesh(mesh), mesh, rules:
+            jitted = jax.jit(
+                function,
+                in_shardings=in_shardings,
+                out_shardings=out_shardings,
+                static_argnums=static,
+                donate_argnums=donate,
+            )
+            lowered = jitted.lower(*args, **kwargs)
+    except Exception as err:  # MaxText's step refusing the case while it is traced
+        raise MaxTextError(
+            f"MaxText's train step of maxtext:{case.model} does not trace: {_config_error(err)}"
+        ) from None
+    activations = tuple(sharding._ACTIVATION_SHARDINGS_DUMP)
+    if not compile_step:
+        return dataclasses.replace(built, lowered=lowered, activations=activations)
+    from maxtext.utils import max_utils
+
+    options = max_utils.parse_libtpu_flags_to_dict(config.compile_xla_flags) if case.topology.tpu else {}
+    try:
+        with capture_compiler_log() as log:
+            compiled = lowered.compile(compiler_options=options)
+    except jax.errors.JaxRuntimeError as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "RESOURCE_EXHAUSTED" in message:
+            raise MemoryExhaustedError(
+                f"maxtext:{case.model} on {case.topology.name}: the compiler cannot fit the step in device memory "
+                f"({message.removeprefix('RESOURCE_EXHAUSTED: ')}); lower per_device_batch_size, use more devices, "
+                "or plan shardings alone with --tensors-only"
+            ) from None
+        if "ragged" in message.lower() or "ragged-all-to-all" in str(err):
+            raise MaxTextError(
+                f"maxtext:{case.model} on {case.topology.name}: XLA's CPU compiler cannot compile MaxText's "
+                "ragged all-to-all (its dropless MoE under expert parallelism); plan it on a TPU topology "
+                "(--topology v5p-8, …), or run MaxText's dense path with --maxtext 'sparse_matmul=false'"
+            ) from None
+        raise
+    return dataclasses.replace(
+        built,
+        lowered=lowered,
+        compiled=compiled,
+        activations=activations,
+        compiler_log=log.text,
+        compiler_log_visible=log.visible,
+    )
