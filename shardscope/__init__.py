@@ -79,13 +79,16 @@ def plan_case(
     settings: Mapping[str, str] | Sequence[str] | None = None,
     *,
     maxtext: str | Sequence[str] | None = None,
+    maxtext_path: str | Path | None = None,
     tensors_only: bool = False,
     use_cache: bool = True,
 ) -> Plan:
-    """The plan of a reference model under a preset: what `shardscope dump` computes.
+    """The plan of a reference model under a preset, or of MaxText's own program: what `shardscope dump`
+    computes.
 
     Args:
-      model: a model name (`shardscope list`), e.g. "deepseek2-16b".
+      model: a model name (`shardscope list`), e.g. "deepseek2-16b"; or "maxtext:NAME", MaxText's own training
+        step of any model MaxText has, configured by `maxtext` alone (its whole command line).
       preset: a built-in preset name or a path to a preset YAML (MaxText rule files load as they are).
       topology: "cpu-N" or a TPU slice name ("v5p-16", …; needs the TPU extra).
       mesh: axis sizes, as a mapping or as `--mesh` spells them ("fsdp=-1,expert=2").
@@ -93,17 +96,21 @@ def plan_case(
       maxtext: MaxText's own command-line keys ("per_device_batch_size=4 ici_fsdp_parallelism=-1 …" or a list
         of "k=v"); they size the mesh (do not give `mesh` too) and MaxText's defaults apply to the rest. What
         MaxText accepts but is not modelled is a `warnings.warn`.
+      maxtext_path: a MaxText checkout to build a "maxtext:" model from (default: the installed `maxtext`).
       tensors_only: every tensor's sharding from tracing alone, without compiling.
-      use_cache: take an unchanged case's plan from the plan cache.
+      use_cache: take an unchanged case's plan from the plan cache (reference models).
 
     Raises:
       ShardscopeError: any input that is wrong (a name, a mesh, a setting, an indivisible dimension).
     """
     # lazy: `import shardscope` loads no JAX
+    from shardscope.case.maxtext_model import is_maxtext_model
     from shardscope.case.resolve import parse_overrides, resolve_case, resolve_maxtext_case
     from shardscope.case.topology import parse_mesh_arg
     from shardscope.golden.planning import plan_resolved_case
 
+    if is_maxtext_model(model):
+        return _plan_maxtext(model, str(preset), topology, mesh, settings, maxtext, maxtext_path, tensors_only)
     preset = str(preset)
     sizes = parse_mesh_arg(mesh) if isinstance(mesh, str) else dict(mesh or {})
     overrides = dict(settings) if isinstance(settings, Mapping) else parse_overrides(settings or [])
@@ -122,6 +129,28 @@ def plan_case(
         for line in run.warnings:
             warnings.warn(line, stacklevel=2)
     return plan_resolved_case(case, tensors_only, use_cache)
+
+
+def _plan_maxtext(
+    model: str,
+    preset: str,
+    topology: str,
+    mesh: Mapping[str, int] | str | None,
+    settings: Mapping[str, str] | Sequence[str] | None,
+    maxtext: str | Sequence[str] | None,
+    maxtext_path: str | Path | None,
+    tensors_only: bool,
+) -> Plan:
+    from shardscope.case.maxtext_model import resolve_maxtext_model  # lazy: `import shardscope` loads no JAX
+    from shardscope.case.maxtext_run import parse_maxtext_args
+    from shardscope.case.topology import get_topology
+    from shardscope.golden.pipeline import plan_maxtext_case
+
+    if preset != "default" or mesh or settings:
+        raise ShardscopeError(f"{model} is configured by MaxText's command line alone: pass it as maxtext=…")
+    path = None if maxtext_path is None else Path(maxtext_path)
+    case = resolve_maxtext_model(model, get_topology(topology), parse_maxtext_args(maxtext or ""), path)
+    return plan_maxtext_case(case, tensors_only)
 
 
 def plan_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str = "step") -> Plan:

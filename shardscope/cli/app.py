@@ -87,6 +87,13 @@ MaxTextOption = Annotated[
         "custom_mesh_and_rule, remat_policy, compile_topology, …); MaxText's defaults size the rest of the mesh.",
     ),
 ]
+MaxTextPathOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--maxtext-path",
+        help="A MaxText checkout (its root or src/) to plan maxtext:MODEL from, instead of the installed package.",
+    ),
+]
 SlicesOption = Annotated[int, typer.Option("--slices", help="TPU slices joined over DCN (the data axis spans them).")]
 
 

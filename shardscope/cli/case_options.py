@@ -11,6 +11,9 @@ import typer
 from shardscope.errors import ShardscopeError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from shardscope.case.maxtext_model import MaxTextCase
     from shardscope.case.resolve import Case
 
 
@@ -47,3 +50,45 @@ def resolve_cli_case(
     case, run = resolve_maxtext_case(model, chosen_preset, chosen_topology, maxtext, parse_overrides(settings or []))
     warn(run.warnings)
     return case
+
+
+def resolve_cli_maxtext_case(
+    model: str,
+    topology: str,
+    preset: str,
+    mesh: str | None,
+    settings: Sequence[str] | None,
+    maxtext: str | None,
+    maxtext_path: Path | None,
+) -> MaxTextCase:
+    """A `maxtext:MODEL` case: MaxText's own step, which its command line (`--maxtext`) configures whole.
+
+    Raises:
+      ShardscopeError: an option that belongs to the reference models, or a wrong MaxText tree, model or key.
+    """
+    # lazy: off the --help path
+    from shardscope.case.maxtext_model import resolve_maxtext_model
+    from shardscope.case.maxtext_run import parse_maxtext_args
+    from shardscope.case.topology import get_topology
+
+    given = [
+        option for option, value in (("--preset", preset != "default"), ("--mesh", mesh), ("--set", settings)) if value
+    ]
+    if given:
+        raise ShardscopeError(
+            f"{model} is MaxText's own program, configured by MaxText's command line: {', '.join(given)} does not "
+            "apply (e.g. --maxtext 'custom_mesh_and_rule=ep-as-cp ici_expert_parallelism=2')"
+        )
+    return resolve_maxtext_model(model, get_topology(topology), parse_maxtext_args(maxtext or ""), maxtext_path)
+
+
+def check_maxtext_path(model: str | None, maxtext_path: Path | None) -> None:
+    """`--maxtext-path` names the tree a `maxtext:` model is built from; it means nothing for another model.
+
+    Raises:
+      ShardscopeError: --maxtext-path without a maxtext: model.
+    """
+    from shardscope.case.maxtext_model import PREFIX, is_maxtext_model  # lazy: off the --help path
+
+    if maxtext_path is not None and (model is None or not is_maxtext_model(model)):
+        raise ShardscopeError(f"--maxtext-path plans a {PREFIX}MODEL (e.g. {PREFIX}qwen3-0.6b); {model} is not one")

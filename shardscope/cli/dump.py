@@ -13,6 +13,7 @@ from shardscope.cli.app import (
     HardwareOption,
     JsonOption,
     MaxTextOption,
+    MaxTextPathOption,
     MeshOption,
     NoCacheOption,
     OutputOption,
@@ -25,7 +26,7 @@ from shardscope.cli.app import (
     quiet_compiler_logs,
     write_output,
 )
-from shardscope.cli.case_options import resolve_cli_case
+from shardscope.cli.case_options import check_maxtext_path, resolve_cli_case, resolve_cli_maxtext_case
 from shardscope.errors import ShardscopeError
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def dump_command(
     ] = None,
     as_json: JsonOption = False,
     maxtext: MaxTextOption = None,
+    maxtext_path: MaxTextPathOption = None,
     tensors_only: Annotated[
         bool,
         typer.Option("--tensors-only", help="Every tensor's sharding from tracing and lowering alone (no compile)."),
@@ -84,17 +86,24 @@ def dump_command(
 ) -> None:
     """Compile one case and print its plan summary with what it costs; write the plan JSON with -o."""
     # lazy: validation loads no JAX, so a wrong input fails in milliseconds; planning loads it afterwards
+    from shardscope.case.maxtext_model import is_maxtext_model
     from shardscope.case.presets import absent_rule_axes
     from shardscope.case.topology import get_topology, with_slices
     from shardscope.cost.price import check_pricing, price_plan
 
     case = None
+    maxtext_case = None
     try:
         topology = with_slices(topology, slices)
         check_model_or_step(model, step, preset, mesh, settings, tensors_only or predicted)
+        check_maxtext_path(model, maxtext_path)
         if predicted and tensors_only:
             raise ShardscopeError("--predicted traces tensors only already and adds collectives: drop --tensors-only")
-        if model is not None:
+        if model is not None and is_maxtext_model(model):
+            if predicted:
+                raise ShardscopeError(f"--predicted reads the reference models' placement; {model} is compiled")
+            maxtext_case = resolve_cli_maxtext_case(model, topology, preset, mesh, settings, maxtext, maxtext_path)
+        elif model is not None:
             case = resolve_cli_case(model, preset, topology, mesh, settings, maxtext)
             print_unsized_mesh_note(case, preset)
         check_writable((output, "-o"), (None if csv is None else csv / "tensors.csv", "--csv"))
@@ -104,7 +113,11 @@ def dump_command(
         from shardscope.golden.planning import plan_resolved_case  # lazy: a cache miss loads JAX
         from shardscope.stages.user_step import parse_step_ref
 
-        if case is None:
+        if maxtext_case is not None:
+            from shardscope.golden.pipeline import plan_maxtext_case  # lazy: loads JAX and MaxText
+
+            planned = plan_maxtext_case(maxtext_case, tensors_only)
+        elif case is None:
             from shardscope.golden.pipeline import plan_step_ref  # lazy: loads JAX
 
             planned = plan_step_ref(parse_step_ref(step or ""), get_topology(topology), name)

@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 
 from shardscope.case.rules import Rule, SpecEntry, entry_axes, explain_logical
+from shardscope.extract.state_paths import canonical_state_path
 from shardscope.hlo.collectives import Collective
 from shardscope.hlo.metadata import module_path, primitive_of
 from shardscope.hlo.origins import Origin
@@ -30,7 +31,8 @@ from shardscope.plan.records import Cause, RuleCause, TensorRecord
 __all__ = ["collective_cause", "placing_rules", "plan_path", "project_relative"]
 
 _KEY = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
-_ROOTS = {"state": "", "batch": "inputs"}
+# The step's arguments: the train state and the batch (MaxText calls it `data`).
+_ROOTS = {"state": "", "batch": "inputs", "data": "inputs"}
 _REDUCTIONS = frozenset({"all-reduce", "reduce-scatter"})
 
 
@@ -48,7 +50,7 @@ def plan_path(argument: str) -> str:
             return ""
         parts.append(next(g for g in key.groups() if g is not None))
         pos = key.end()
-    return "/".join(parts) if pos == len(argument) else ""
+    return canonical_state_path(parts) if pos == len(argument) else ""
 
 
 @cache
@@ -57,13 +59,17 @@ def project_relative(path: str) -> str:
     that holds it, so plans name the same file alike in every checkout; a file outside any package by its
     name; a file not on this machine below the longest `sys.path` entry it is under (else as it is)."""
     file = Path(path)
+    roots = sorted((p.rstrip("/") + "/" for p in sys.path if p and path.startswith(p.rstrip("/") + "/")), key=len)
+    imported = path[len(roots[-1]) :] if roots else path
     if file.is_file():
         root = file.parent
         while (root / "__init__.py").is_file() and root.parent != root:
             root = root.parent
-        return file.relative_to(root).as_posix()
-    roots = sorted((p.rstrip("/") + "/" for p in sys.path if p and path.startswith(p.rstrip("/") + "/")), key=len)
-    return path[len(roots[-1]) :] if roots else path
+        packaged = file.relative_to(root).as_posix()
+        # A package with folders that are namespace packages (no __init__.py; MaxText's `maxtext/utils/`) stops
+        # the walk early: its import path from sys.path says more, and ends the same.
+        return imported if roots and imported.endswith("/" + packaged) else packaged
+    return imported
 
 
 # Libraries whose frames jax leaves in the stack or not depending on where they are installed (a frame under

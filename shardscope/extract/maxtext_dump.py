@@ -24,6 +24,7 @@ from typing import Any
 
 from shardscope.case.rules import Spec, drop_unit_axes, normalize_entry
 from shardscope.errors import ShardscopeError
+from shardscope.extract.state_paths import canonical_state_path
 from shardscope.plan.document import Plan
 from shardscope.plan.records import TENSORS_ONLY, CaseRecord, TensorRecord, tensor_record
 
@@ -74,12 +75,7 @@ class MaxTextDump:
 
 def normalize_path(key: str) -> str:
     """A MaxText train-state key as a plan path (see the module docstring)."""
-    parts = [m.group(1) or m.group(2) or m.group(3) for m in _KEY_PART.finditer(key)]
-    # The Flax collection level: `params` right after the train state's `params` or an Adam moment.
-    collection = {
-        i for i, part in enumerate(parts) if part == "params" and i > 0 and parts[i - 1] in ("params", "mu", "nu")
-    }
-    return "/".join(part for i, part in enumerate(parts) if i not in collection)
+    return canonical_state_path([m.group(1) or m.group(2) or m.group(3) for m in _KEY_PART.finditer(key)])
 
 
 def _spec_entry(value: Any) -> str | tuple[str, ...] | None:

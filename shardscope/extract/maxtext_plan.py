@@ -12,16 +12,17 @@ from typing import Any
 
 import jax
 
-from shardscope.case.rules import Rule, drop_unit_axes, normalize_entry
+from shardscope.case.rules import drop_unit_axes
 from shardscope.extract.collectives import extract_collectives
 from shardscope.extract.maxtext_dump import activation_records, normalize_path, read_activations, state_record
 from shardscope.extract.plans import compute_of, memory_of, provenance
+from shardscope.extract.state_paths import canonical_state_path
 from shardscope.extract.tensors import normalize_spec, output_tensors, spec_of
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
 from shardscope.plan.document import Plan
 from shardscope.plan.records import SCHEMA, TENSORS_ONLY, CaseRecord, TensorRecord, tensor_record
-from shardscope.stages.maxtext_program import MaxTextStep
+from shardscope.stages.maxtext_program import MaxTextStep, maxtext_rules
 
 
 def _dump_key(key_path: Any) -> str:
@@ -36,27 +37,17 @@ def _is_spec(leaf: Any) -> bool:
 def _linen_logical(step: MaxTextStep) -> dict[str, tuple[str | None, ...]]:
     """MaxText's logical annotation of every state leaf of a Linen train state, by its normalised path."""
     leaves = jax.tree_util.tree_flatten_with_path(step.logical, is_leaf=_is_spec)[0]
-    return {
-        normalize_path(_dump_key(key_path)): tuple(normalize_entry(e) for e in leaf)
-        for key_path, leaf in leaves
-        if leaf is not None
-    }
+    return {normalize_path(_dump_key(key_path)): logical_names(leaf) for key_path, leaf in leaves if leaf is not None}
 
 
-# An NNX train state is {model: …, optimizer: {opt_state: …, step: …}}; its paths are written as a Linen
-# state's (`params/…`, `opt_state/…`) so that plans of one model under either API compare by meaning.
-_NNX_ROOTS = (("model/", "params/"), ("optimizer/opt_state/", "opt_state/"), ("optimizer/step", "step"))
+def logical_names(entries: Any) -> tuple[str | None, ...]:
+    """A logical annotation's names, one per dimension (None: unnamed). MaxText names each dimension once;
+    a dimension given several names (never seen in MaxText's models) keeps them joined by commas."""
+    return tuple(None if e is None else e if isinstance(e, str) else ",".join(map(str, e)) for e in entries)
 
 
 def _nnx_path(key_path: Any) -> str:
-    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in key_path]
-    if parts and parts[-1] == "value":
-        parts = parts[:-1]  # a Variable's array
-    path = "/".join(parts)
-    for old, new in _NNX_ROOTS:
-        if path.startswith(old):
-            return new + path.removeprefix(old)
-    return path
+    return canonical_state_path([str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in key_path])
 
 
 def _nnx_variables(state: Any) -> dict[str, Any] | None:
@@ -75,15 +66,6 @@ def _nnx_kind(variable: Any) -> str:
     # The rest of the train state (optimizer moments and counts, the model's RNG keys and counts) is state the
     # step carries but does not differentiate: "opt_state", as for a Linen state.
     return "param" if isinstance(variable, nnx.Param) else "opt_state"
-
-
-def rules_of(config: Any) -> tuple[Rule, ...]:
-    """MaxText's logical axis rules of a config, as shardscope's rules: (logical name, mesh axes)."""
-    rules = []
-    for name, axes in config.logical_axis_rules:
-        named = (axes,) if isinstance(axes, str) else tuple(axes or ())
-        rules.append((str(name), tuple(str(a) for a in named)))
-    return tuple(rules)
 
 
 def _state_tensors(step: MaxTextStep, sizes: dict[str, int]) -> dict[str, TensorRecord]:
@@ -106,7 +88,7 @@ def _state_tensors(step: MaxTextStep, sizes: dict[str, int]) -> dict[str, Tensor
             continue
         variable = variables[path]
         names = variable.get_metadata().get("out_sharding") or ()
-        axes = tuple(normalize_entry(e) for e in names) if len(names) == len(shape) else None
+        axes = logical_names(names) if len(names) == len(shape) else None
         tensors[path] = tensor_record(_nnx_kind(variable), shape, leaf.dtype, axes, drop_unit_axes(spec, sizes), sizes)
     return tensors
 
@@ -176,7 +158,7 @@ def maxtext_plan(step: MaxTextStep) -> Plan:
             module,
             record.mesh,
             narrow=cpu,
-            explain=(dict(tensors), rules_of(step.config)),
+            explain=(dict(tensors), maxtext_rules(step.config)),
             moved_out=cpu and not explicit,
         ),
         memory=memory_of(step.compiled, platform),

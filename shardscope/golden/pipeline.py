@@ -9,11 +9,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from shardscope.case.maxtext_model import MaxTextCase
 from shardscope.case.resolve import Case
 from shardscope.case.topology import Topology
 from shardscope.errors import ShardscopeError
 from shardscope.extract.plans import extract_plan, extract_tensors_plan, plan_from_compiled
-from shardscope.lint.run import plan_findings, with_findings
+from shardscope.lint.context import LintContext
+from shardscope.lint.run import plan_findings, run_checks, topology_hardware, with_findings
 from shardscope.plan.document import Plan
 from shardscope.stages.compile import compile_case, trace_case
 from shardscope.stages.devices import configure_devices
@@ -66,3 +68,23 @@ def plan_step_function(function: Callable[..., Any], topology: Topology, name: s
     # The function's name, not its module or file: a golden must not depend on where the checkout lives.
     case = dataclasses.replace(plan.case, preset=f"step {ref.function}", topology=topology.name)
     return dataclasses.replace(plan, case=case)
+
+
+def plan_maxtext_case(case: MaxTextCase, tensors_only: bool = False) -> Plan:
+    """MaxText's own train step of a `maxtext:` case, planned as any case: built (and unless `tensors_only`,
+    lowered and compiled), extracted and linted against MaxText's own rules."""
+    from shardscope.extract.maxtext_plan import maxtext_plan  # lazy: MaxText loads only for a maxtext: case
+    from shardscope.stages.maxtext_program import build_maxtext_step, maxtext_preset
+
+    configure_devices(case.topology)
+    step = build_maxtext_step(case, lower=not tensors_only, compile_step=not tensors_only)
+    plan = maxtext_plan(step)
+    log = step.compiler_log if step.compiled is not None and step.compiler_log_visible else None
+    ctx = LintContext(
+        preset=maxtext_preset(step),
+        plan=plan,
+        compiler_log=log,
+        hardware=topology_hardware(case.topology),
+        slices=case.topology.slices,
+    )
+    return with_findings(plan, run_checks(ctx, ctx.preset.lint))

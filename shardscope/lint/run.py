@@ -15,6 +15,7 @@ from shardscope.case.lints import COMPILE, LINTS
 from shardscope.case.preset_lint import LintSettings
 from shardscope.case.resolve import Case
 from shardscope.case.rules import Indivisible
+from shardscope.case.topology import Topology
 from shardscope.lint.context import LintContext, LogicalAxes
 from shardscope.lint.registry import CHECKS
 from shardscope.plan.document import Plan
@@ -23,9 +24,14 @@ from shardscope.plan.findings import Finding, sort_findings
 
 def case_hardware(case: Case) -> Hardware | None:
     """The TPU generation a case is planned for (None on CPU topologies)."""
-    if case.topology.tpu is None:
+    return topology_hardware(case.topology)
+
+
+def topology_hardware(topology: Topology) -> Hardware | None:
+    """The TPU generation of a topology (None on CPU topologies)."""
+    if topology.tpu is None:
         return None
-    return load_hardware(case.topology.tpu.name)
+    return load_hardware(topology.tpu.name)
 
 
 # A lint that summarises findings another lint would make → that lint. Silencing the other silences the summary

@@ -16,13 +16,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from shardscope.case.maxtext_model import MaxTextCase, MaxTextError
+from shardscope.case.preset_lint import LintSettings
+from shardscope.case.presets import Preset
+from shardscope.case.rules import Rule
 from shardscope.errors import MemoryExhaustedError
 from shardscope.stages.compiler_log import capture_compiler_log
 from shardscope.stages.devices import tpu_devices
@@ -62,13 +67,29 @@ def _import_maxtext(case: MaxTextCase) -> None:
         return
     if case.tree.checkout and src not in sys.path:
         sys.path.insert(0, src)
+    # MaxText's own switch for its Google Cloud parts (goodput recording, GCS, diagnostics): stubbed, as a
+    # compile for planning uses none of them, so `shardscope[maxtext]` need not install their clients.
+    os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
 
 
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
-    """MaxText prints its progress on standard output, where a plan may be going (`-o -`): kept off it."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    """MaxText prints its progress on standard output, where a plan may be going (`-o -`), and logs its
+    defaults (an output directory, a deprecated data pipeline) as warnings: both kept off the terminal. What
+    MaxText refuses still reaches the user, as the one-line error its exception becomes. The deprecations
+    MaxText's code meets in its own dependencies are MaxText's to act on, not its users'."""
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
 
 
 @contextlib.contextmanager
@@ -106,7 +127,9 @@ def maxtext_config(case: MaxTextCase) -> Any:
     """
     _import_maxtext(case)
     try:
-        from maxtext.configs import pyconfig  # lazy: MaxText is an optional extra
+        with _quiet_stdout():  # MaxText announces the optional parts it stubs as it is imported
+            from maxtext.configs import pyconfig  # lazy: MaxText is an optional extra
+            from maxtext.trainers.pre_train import train_compile  # noqa: F401  # the rest of its imports, quietly
     except ImportError as err:
         raise MaxTextError(f"MaxText {case.tree.version} cannot be imported ({one_line(err)})") from None
     try:
@@ -234,3 +257,37 @@ def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool
         compiler_log=log.text,
         compiler_log_visible=log.visible,
     )
+
+
+def maxtext_rules(config: Any) -> tuple[Rule, ...]:
+    """MaxText's logical axis rules of a config, as shardscope's rules: (logical name, mesh axes)."""
+    rules = []
+    for name, axes in config.logical_axis_rules:
+        named = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        rules.append((str(name), tuple(str(a) for a in named)))
+    return tuple(rules)
+
+
+def maxtext_preset(step: MaxTextStep) -> Preset:
+    """What MaxText's config says about sharding, as a preset: its mesh axes and sizes, its rules (base.yml's,
+    merged with the model's and a `custom_mesh_and_rule` file's, as MaxText merged them), its input sharding
+    and its shard mode; what the lints and `explain` read."""
+    config = step.config
+    return Preset(
+        name=step.case.rule,
+        origin=f"MaxText {step.case.tree.version}",
+        mesh_axes=tuple(str(a) for a in config.mesh_axes),
+        mesh=tuple((str(axis), int(size)) for axis, size in step.mesh.shape.items()),
+        data_sharding=tuple(tuple(str(a) for a in group) for group in config.data_sharding),
+        input_data_sharding_logical_axes=tuple(str(a) for a in config.input_data_sharding_logical_axes),
+        logical_axis_rules=maxtext_rules(config),
+        shard_mode="explicit" if str(getattr(config.shard_mode, "value", config.shard_mode)) == "explicit" else "auto",
+        lint=MAXTEXT_RULE_LINTS,
+    )
+
+
+# MaxText's rules (base.yml, merged with the model's and the rule file's) serve every MaxText model, inference
+# and pipelines, on a twelve-axis mesh: most rules match nothing of one model, some only where an earlier
+# axis is taken, and most axes are size 1. As for the built-in presets that carry MaxText's files, the lints
+# that would report that are silenced; the tensor, compile and memory lints run.
+MAXTEXT_RULE_LINTS = LintSettings(ignore=("dead-rule", "shadowed-rule", "unit-axis-rule"))

@@ -1,0 +1,225 @@
+"""`maxtext:MODEL`: MaxText's own training step planned from MaxText's own code (the installed `maxtext`).
+
+The ground truth is MaxText itself: its checked-in sharding goldens (and the dumps of other cases made with
+MaxText's unmodified dump script, `tests/data/maxtext/`), each reproduced from its own command line; and the
+NNX variables' own logical axes. Needs Python 3.12 (MaxText's floor) with `shardscope[maxtext]` installed:
+on an older Python the module is skipped, on 3.12 a missing MaxText fails.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+from typer.testing import CliRunner
+
+if sys.version_info < (3, 12):
+    pytest.skip("maxtext: models need Python 3.12 or newer (MaxText's floor)", allow_module_level=True)
+
+import maxtext  # noqa: F401  # on 3.12 the route's tests need MaxText: installed by `scripts/test.sh`
+
+import shardscope
+from shardscope.case.maxtext_model import SUPPORTED_VERSIONS, resolve_maxtext_model
+from shardscope.case.maxtext_run import parse_maxtext_args
+from shardscope.case.topology import get_topology
+from shardscope.cli import app
+from shardscope.extract.maxtext_dump import dump_to_plan, parse_dump_path
+
+# The fake CPU pool of the session (8 devices, conftest) starts before a TPU case would size it to 1: the CPU
+# route plans on a pool of exactly its topology's devices, as MaxText sizes its batch by the device count.
+jax.devices()
+
+DATA = Path(__file__).parent / "data" / "maxtext" / "sharding_info"
+# MaxText's own checked-in goldens (tests/utils/sharding_info/ of MaxText at the supported version): all of them,
+# as MaxText's `sharding_dump.TEST_CASES` lists them.
+MAXTEXT_GOLDENS = (
+    "deepseek2-16b/tpu7x-16/slice_1/rule_default",
+    "deepseek2-16b/tpu7x-16/slice_1/rule_pure-fsdp",
+    "deepseek2-16b/v6e-16/slice_1/rule_default_ici_fsdp_parallelism=-1_ici_expert_parallelism=4",
+    "deepseek2-16b/v6e-16/slice_1/rule_pipeline-large-moe_ici_fsdp_parallelism=-1_ici_expert_parallelism=4"
+    "_use_ring_of_experts=true",
+    "deepseek2-16b/tpu7x-8/slice_1/rule_ep-as-cp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+    "deepseek2-16b/tpu7x-8/slice_1/rule_cp-as-ep_ici_fsdp_parallelism=-1_ici_context_parallelism=2"
+    "_ici_expert_parallelism=2",
+    "deepseek2-16b/tpu7x-16/slice_1/rule_ep-as-dp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2"
+    "_use_ring_of_experts=true",
+    "deepseek2-16b/tpu7x-8/slice_1/rule_shard-exp-on-fsdp_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+    "qwen3-0.6b/tpu7x-16/slice_1/rule_default",
+    "gpt-oss-20b/tpu7x-16/slice_1/rule_default",
+    "gpt-oss-20b/tpu7x-16/slice_1/rule_default_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
+)
+# A small step that compiles in seconds on the fake CPU devices: two of Qwen3-0.6B's layers, short sequences.
+SMALL = "override_model_config=true base_num_decoder_layers=2 per_device_batch_size=1 max_target_length=128"
+
+
+def dump_command_line(directory: Path) -> tuple[str, str, list[str]]:
+    """The case of a MaxText dump directory as MaxText's `run_sharding_dump` runs it: model, topology, and the
+    command line (float32 weights, the rule file, the overrides in the directory's name, Linen)."""
+    case = parse_dump_path(directory)
+    words = ["weight_dtype=float32"]
+    if case.rule != "default":
+        words.append(f"custom_mesh_and_rule={case.rule}")
+    words += [f"{key}={value}" for key, value in case.overrides]
+    words += ["pure_nnx=False", "enable_nnx=False", "pure_nnx_decoder=False"]
+    return case.model, case.topology, words
+
+
+def state_and_activations(plan):
+    return {path: t for path, t in plan.tensors if t.kind in ("param", "opt_state", "activation")}
+
+
+def test_every_maxtext_golden_case_is_here():
+    assert all((DATA / golden / "named_shardings.json").is_file() for golden in MAXTEXT_GOLDENS)
+
+
+@pytest.mark.parametrize("golden", MAXTEXT_GOLDENS)
+def test_maxtext_plan_reproduces_maxtexts_own_golden(golden):
+    """Every parameter, Adam moment and count (path, shape, logical axes, spec) and every activation constraint
+    (name, shape, dtype, logical axes, spec): entry for entry, from the case's own command line."""
+    directory = DATA / golden
+    model, topology, words = dump_command_line(directory)
+    plan = shardscope.plan_case(f"maxtext:{model}", topology=topology, maxtext=words, tensors_only=True)
+    expected = dump_to_plan(directory)
+    assert plan.case.mesh == expected.case.mesh
+    ours, theirs = state_and_activations(plan), state_and_activations(expected)
+    assert sorted(ours) == sorted(theirs)
+    assert {p: t for p, t in ours.items() if t != theirs[p]} == {}
+
+
+@pytest.fixture(scope="module")
+def qwen_plans():
+    """Qwen3-0.6B (two layers) compiled on cpu-8 under MaxText's default NNX model and under Linen."""
+    nnx = shardscope.plan_case("maxtext:qwen3-0.6b", maxtext=SMALL)
+    linen = shardscope.plan_case("maxtext:qwen3-0.6b", maxtext=f"{SMALL} pure_nnx=False enable_nnx=False")
+    return nnx, linen
+
+
+def test_nnx_state_is_planned_with_the_logical_axes_of_maxtexts_variables(qwen_plans):
+    nnx, _ = qwen_plans
+    import jax
+    from flax import nnx as flax_nnx
+
+    from shardscope.case.maxtext_model import find_tree
+    from shardscope.stages.maxtext_program import build_maxtext_step
+
+    case = resolve_maxtext_model("maxtext:qwen3-0.6b", get_topology("cpu-8"), parse_maxtext_args(SMALL))
+    assert case.tree == find_tree(None)
+    step = build_maxtext_step(case, lower=False, compile_step=False)
+    variables = jax.tree_util.tree_flatten_with_path(step.state, is_leaf=lambda x: isinstance(x, flax_nnx.Param))[0]
+    params = {
+        "/".join(str(k.key) for k in path): v
+        for path, v in variables
+        if isinstance(v, flax_nnx.Param) and str(path[0].key) == "model"
+    }
+    assert params, "MaxText's NNX state holds its parameters under model/"
+    for name, variable in params.items():
+        record = nnx.tensor_map["params/" + name.removeprefix("model/")]
+        assert record.kind == "param"
+        assert record.logical == tuple(variable.get_metadata()["out_sharding"])
+        assert record.shape == tuple(variable.get_value().shape)
+
+
+def test_linen_and_nnx_programs_place_every_weight_and_moment_alike(qwen_plans):
+    nnx, linen = qwen_plans
+    weights = lambda plan: {p: t for p, t in plan.tensors if t.kind in ("param", "opt_state") and "rngs" not in p}  # noqa: E731
+    assert weights(nnx) == weights(linen)
+    assert len(weights(nnx)) > 30
+
+
+def test_compiled_plan_has_passes_causes_in_maxtexts_lines_and_hbm_by_role(qwen_plans):
+    nnx, _ = qwen_plans
+    assert nnx.collectives, "a step on 8 devices under FSDP moves data"
+    traffic = {p: sum(r.traffic or 0 for r in nnx.collectives if r.pass_ == p) for p in ("forward", "backward")}
+    assert traffic["forward"] > 0 and traffic["backward"] > 0
+    lines = [r.cause.line for r in nnx.collectives if r.cause is not None and r.cause.line]
+    assert lines and all(line.startswith("maxtext/") for line in lines)
+    # Each weight gathered over fsdp is named, with the rule that put its dimension there.
+    gathered = [r for r in nnx.collectives if r.op == "all-gather" and r.cause is not None]
+    assert any(t.startswith("params/") for r in gathered for t in r.cause.tensors)
+    assert any(rule.logical == "embed" for r in gathered for rule in r.cause.rules)
+    kinds = {t.kind for _, t in nnx.tensors}
+    assert {"param", "opt_state", "input", "activation", "output"} <= kinds
+    assert nnx.holds("memory") and nnx.work and nnx.compute
+
+
+def test_priced_maxtext_plan_says_its_route_and_counts_state_in_hbm(qwen_plans):
+    from shardscope.cost.price import price_plan
+
+    priced = price_plan(qwen_plans[0], "v5p", None)
+    estimate = priced.estimate
+    assert estimate is not None and "CPU compile priced as v5p" in estimate.route
+    hbm = dict(estimate.memory.categories)
+    params = sum(t.bytes_per_device for _, t in qwen_plans[0].tensors if t.kind == "param")
+    assert hbm["params"] == params > 0 and hbm["optimizer_state"] > 0
+    assert estimate.expected is not None
+    assert estimate.step_full_overlap <= estimate.expected <= estimate.step_no_overlap
+
+
+runner = CliRunner()
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_dump_writes_a_maxtext_plan_and_diff_of_two_command_lines_shows_the_move(tmp_path):
+    fsdp, tensor = tmp_path / "fsdp.json", tmp_path / "tensor.json"
+    assert cli("dump", "maxtext:qwen3-0.6b", "--tensors-only", "-o", str(fsdp)).exit_code == 0
+    result = cli(
+        "dump", "maxtext:qwen3-0.6b", "--tensors-only", "--maxtext", "ici_tensor_parallelism=2", "-o", str(tensor)
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(fsdp.read_text())["case"]["model"] == "maxtext:qwen3-0.6b"
+    result = cli("diff", str(fsdp), str(tensor), "--json")
+    assert result.exit_code == 1, result.output
+    changes = json.loads(result.output)
+    moved = {c["path"] for c in changes["tensors"]} if isinstance(changes.get("tensors"), list) else set()
+    assert any("self_attention/query" in path for path in moved) or "query" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["maxtext:qwen3-0.6", "--tensors-only"], "did you mean maxtext:qwen3-0.6b"),
+        (["maxtext:qwen3-0.6b", "--maxtext-path", "/nonexistent"], "not a MaxText tree"),
+        (["maxtext:qwen3-0.6b", "--maxtext", "per_device_batch_size=abc", "--tensors-only"], "per_device_batch_size"),
+        (["maxtext:qwen3-0.6b", "--preset", "ep-as-cp"], "--preset does not apply"),
+        (["deepseek-tiny", "--maxtext-path", "/tmp"], "--maxtext-path plans a maxtext:MODEL"),
+        (["maxtext:qwen3-0.6b", "--maxtext", "model_name=llama2-7b"], "the model is maxtext:NAME"),
+    ],
+)
+def test_wrong_maxtext_input_is_one_line_and_exit_2(args, expected):
+    result = cli("dump", *args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], result.output
+
+
+def test_a_maxtext_version_this_route_does_not_know_is_refused_by_name(tmp_path):
+    tree = tmp_path / "src" / "maxtext"
+    (tree / "configs" / "models").mkdir(parents=True)
+    (tree / "configs" / "base.yml").write_text("model_name: default\n")
+    (tree / "version.py").write_text('__version__ = "9.9.9"\n')
+    result = cli("dump", "maxtext:qwen3-0.6b", "--maxtext-path", str(tmp_path))
+    assert result.exit_code == 2
+    assert "9.9.9" in result.output and all(v in result.output for v in SUPPORTED_VERSIONS)
+
+
+def test_maxtext_not_importable_names_the_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "maxtext" else real(name, *a))
+    result = cli("dump", "maxtext:qwen3-0.6b")
+    assert result.exit_code == 2 and "pip install 'shardscope[maxtext]'" in result.output
+
+
+def test_ragged_all_to_all_on_the_cpu_route_is_one_line_naming_the_tpu_route():
+    moe = f"{SMALL.replace('qwen3', '')} ici_expert_parallelism=4"
+    result = cli("dump", "maxtext:qwen3-30b-a3b", "--maxtext", moe)
+    assert result.exit_code == 2, result.output
+    assert "ragged all-to-all" in result.output and "TPU topology" in result.output
+    assert "sparse_matmul=false" in result.output
