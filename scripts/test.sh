@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (the TPU extra too: TPU goldens are checked; the cluster
-# extra: a test starts a local Ray cluster), then lint, type check and the test suite.
+# extra: a test starts a local Ray cluster), then lint, type check and the test suite; then the maxtext: lane
+# (MaxText's own programs, which need Python 3.12 or newer) in a virtual environment of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +20,23 @@ lint-imports
 # Two processes (a file's tests in one, so its module fixtures are built once); `-p no:benchmark`: an
 # installed pytest-benchmark would refuse to run beside xdist.
 python -m pytest -n auto --dist loadfile -p no:benchmark "$@"
+
+# The maxtext: lane. A Python 3.12: $PY312, else the one on PATH, else pyenv's (the CI image has one).
+if [ -z "${PY312:-}" ]; then
+  for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      PY312=$candidate
+      break
+    fi
+  done
+fi
+if [ -z "${PY312:-}" ]; then
+  if [ "${CI:-}" = true ]; then echo "error: the maxtext: lane needs a Python 3.12 (set PY312)" >&2; exit 1; fi
+  echo "note: no Python 3.12 found, so the maxtext: lane (tests/test_maxtext_program.py) did not run; set PY312"
+  exit 0
+fi
+VENV=${SHARDSCOPE_MAXTEXT_VENV:-.venv-maxtext}
+[ -x "$VENV/bin/python" ] || "$PY312" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,maxtext]"
+# `-p no:anyio`: MaxText's dependencies bring anyio, whose pytest plugin warns on this pytest (warnings fail).
+"$VENV/bin/python" -m pytest -n auto --dist loadfile -p no:benchmark -p no:anyio tests/test_maxtext_program.py

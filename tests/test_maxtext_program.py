@@ -223,3 +223,20 @@ def test_ragged_all_to_all_on_the_cpu_route_is_one_line_naming_the_tpu_route():
     assert result.exit_code == 2, result.output
     assert "ragged all-to-all" in result.output and "TPU topology" in result.output
     assert "sparse_matmul=false" in result.output
+
+
+def test_planning_leaves_the_process_compilation_cache_alone(qwen_plans):
+    """MaxText's config would point JAX's persistent compilation cache at ~/jax_cache; a plan compiles afresh
+    (a cached program carries another tree's source lines) and leaves the process's cache setting as it was."""
+    assert qwen_plans[0].collectives
+    assert jax.config.jax_compilation_cache_dir in (None, "")
+
+
+def test_the_same_maxtext_case_gives_byte_identical_plan_json(tmp_path):
+    runs = [tmp_path / f"run{i}.json" for i in range(2)]
+    for path in runs:
+        result = cli("dump", "maxtext:qwen3-0.6b", "--maxtext", SMALL, "-o", str(path))
+        assert result.exit_code == 0, result.output
+    first, second = (json.loads(p.read_text()) for p in runs)
+    first.pop("provenance"), second.pop("provenance")
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)

@@ -85,6 +85,11 @@ class MaxTextCase:
             # No TPU to compile for: MaxText builds its mesh from the host's (fake CPU) devices.
             words += ["hardware=cpu"]
         words += ["skip_jax_distributed_system=true", "log_config=false", "debug_sharding=true"]
+        if "jax_cache_dir" not in dict(self.args):
+            # MaxText points the process's JAX compilation cache at ~/jax_cache by default: a plan would then read
+            # a program compiled earlier (with another tree's file names in its stack frames), and every other
+            # compile of the process would be cached there too. A plan compiles afresh unless asked otherwise.
+            words.append("jax_cache_dir=")
         return words + [f"{key}={value}" for key, value in self.args]
 
 

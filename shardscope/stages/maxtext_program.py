@@ -56,6 +56,10 @@ class MaxTextStep:
 
 def _import_maxtext(case: MaxTextCase) -> None:
     """Puts the case's MaxText tree first on the import path; one process plans one tree."""
+    # MaxText's own switch for its Google Cloud parts (goodput recording, GCS, diagnostics): stubbed, as a
+    # compile for planning uses none of them, so `shardscope[maxtext]` need not install their clients. MaxText
+    # reads it as each part is first imported.
+    os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
     src = str(case.tree.src)
     loaded = sys.modules.get("maxtext")
     if loaded is not None:
@@ -67,9 +71,6 @@ def _import_maxtext(case: MaxTextCase) -> None:
         return
     if case.tree.checkout and src not in sys.path:
         sys.path.insert(0, src)
-    # MaxText's own switch for its Google Cloud parts (goodput recording, GCS, diagnostics): stubbed, as a
-    # compile for planning uses none of them, so `shardscope[maxtext]` need not install their clients.
-    os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
 
 
 @contextlib.contextmanager
