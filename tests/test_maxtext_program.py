@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 if sys.version_info < (3, 12):
     pytest.skip("maxtext: models need Python 3.12 or newer (MaxText's floor)", allow_module_level=True)
 
-import maxtext  # noqa: F401  # on 3.12 the route's tests need MaxText: installed by `scripts/test.sh`
+import maxtext  # on 3.12 the route's tests need MaxText: installed by `scripts/test.sh`
 
 import shardscope
 from shardscope.case.maxtext_model import SUPPORTED_VERSIONS, resolve_maxtext_model
@@ -240,3 +240,35 @@ def test_the_same_maxtext_case_gives_byte_identical_plan_json(tmp_path):
     first, second = (json.loads(p.read_text()) for p in runs)
     first.pop("provenance"), second.pop("provenance")
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def test_check_guards_a_maxtext_golden_and_fails_a_change_to_maxtexts_model_code(tmp_path):
+    """A `maxtext:` case in cases.yaml is a golden like any other; the same case built from a MaxText tree whose
+    MLP output weight lost its `embed` axis (a one-word edit of layers/linears.py) fails `check`, and the report
+    names the weight that moved."""
+    import shutil
+
+    import yaml
+
+    golden, edited = tmp_path / "golden", tmp_path / "edited"
+    golden.mkdir()
+    shutil.copytree(
+        Path(maxtext.__file__).parent,
+        edited / "src" / "maxtext",
+        ignore=shutil.ignore_patterns("assets", "__pycache__"),
+    )
+    linears = edited / "src" / "maxtext" / "layers" / "linears.py"
+    source = linears.read_text()
+    assert source.count('kernel_axes=("mlp", "embed")') == 1
+    linears.write_text(source.replace('kernel_axes=("mlp", "embed")', 'kernel_axes=("mlp", None)'))
+    case = {"model": "maxtext:qwen3-0.6b", "maxtext": SMALL, "name": "small"}
+    (golden / "cases.yaml").write_text(yaml.safe_dump({"cases": [case]}))
+    result = cli("update", "--golden", str(golden))
+    assert result.exit_code == 0, result.output
+    assert (golden / "maxtext" / "qwen3-0.6b" / "cpu-8" / "small.json").is_file()
+    assert cli("check", "--golden", str(golden)).exit_code == 0
+    (golden / "cases.yaml").write_text(yaml.safe_dump({"cases": [{**case, "maxtext_path": "../edited"}]}))
+    report = tmp_path / "report.md"
+    result = cli("check", "--golden", str(golden), "--markdown", str(report))
+    assert result.exit_code == 1, result.output
+    assert "mlp/wo/kernel" in report.read_text()

@@ -18,7 +18,20 @@ from shardscope.errors import ShardscopeError, unknown_name
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
-_CASE_KEYS = ("model", "preset", "topology", "mesh", "set", "name", "hardware", "efficiency", "maxtext", "step")
+_CASE_KEYS = (
+    "model",
+    "preset",
+    "topology",
+    "mesh",
+    "set",
+    "name",
+    "hardware",
+    "efficiency",
+    "maxtext",
+    "maxtext_path",
+    "step",
+)
+MAXTEXT_PREFIX = "maxtext:"
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 
@@ -36,6 +49,17 @@ class GoldenCase:
     efficiency: float | None = None  # fraction of link bandwidth collectives reach; None: the table's
     maxtext: str = ""  # MaxText's command-line keys, as --maxtext takes them
     step: str = ""  # a program of one's own (`module:function`, see shardscope.step); model is then its name
+    maxtext_path: str = ""  # a `maxtext:` model's MaxText checkout ("": the installed package)
+
+    @property
+    def is_maxtext(self) -> bool:
+        """MaxText's own program (`maxtext:NAME`), configured by its command line alone."""
+        return self.model.startswith(MAXTEXT_PREFIX)
+
+    @property
+    def folder(self) -> str:
+        """The model's folder in the golden directory (`maxtext:qwen3-0.6b` lives under maxtext/qwen3-0.6b)."""
+        return self.model.replace(":", "/", 1) if self.is_maxtext else self.model
 
     @property
     def stem(self) -> str:
@@ -89,6 +113,8 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
             raise ShardscopeError(f"{where}: {unknown_name('key', str(key), _CASE_KEYS).args[0]}")
     if "step" in item:
         return _parse_step_case(item, path, where, default_hardware)
+    if str(item.get("model", "")).startswith(MAXTEXT_PREFIX):
+        return _parse_maxtext_case(item, path, where, default_hardware)
     if "model" not in item or ("preset" not in item and "maxtext" not in item):
         raise ShardscopeError(f"{where}: needs 'model' and 'preset' or 'maxtext' (or 'step' and 'name')")
     settings = item.get("set", [])
@@ -156,6 +182,37 @@ def _parse_step_case(item: dict[str, Any], path: Path, where: str, default_hardw
         efficiency=None if efficiency is None else float(efficiency),
     )
     for part in (case.model, case.topology):
+        if not _NAME.fullmatch(part):
+            raise ShardscopeError(f"{where}: {part!r} cannot be part of a golden path")
+    return case
+
+
+def _parse_maxtext_case(item: dict[str, Any], path: Path, where: str, default_hardware: str | None) -> GoldenCase:
+    """`{model: maxtext:NAME, maxtext: 'k=v …', name: …}`: MaxText's own program, configured by its command line
+    alone; its golden is maxtext/<NAME>/<topology>/<name, or "default">.json. A `maxtext_path` (a checkout) is
+    found relative to the golden directory, as preset files are."""
+    extra = sorted(set(item) - {"model", "maxtext", "maxtext_path", "name", "topology", "hardware", "efficiency"})
+    if extra:
+        raise ShardscopeError(
+            f"{where}: {item['model']} is configured by MaxText's command line ('maxtext'); {extra[0]!r} does not apply"
+        )
+    topology = str(item.get("topology", "cpu-8"))
+    hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
+    efficiency = item.get("efficiency")
+    checkout = str(item.get("maxtext_path", ""))
+    if checkout and not Path(checkout).is_absolute():
+        checkout = str(path.parent / checkout)
+    case = GoldenCase(
+        model=str(item["model"]),
+        preset="",
+        topology=topology,
+        name=str(item.get("name", "default")),
+        hardware=None if hardware is None else str(hardware),
+        efficiency=None if efficiency is None else float(efficiency),
+        maxtext=str(item.get("maxtext", "")),
+        maxtext_path=checkout,
+    )
+    for part in (case.model.removeprefix(MAXTEXT_PREFIX), case.topology, case.stem):
         if not _NAME.fullmatch(part):
             raise ShardscopeError(f"{where}: {part!r} cannot be part of a golden path")
     return case

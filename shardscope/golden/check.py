@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardscope.case.maxtext_model import INSTALL_HINT as MAXTEXT_INSTALL_HINT
 from shardscope.case.topology import needs_libtpu
 from shardscope.case.tpu import TPU_EXTRA_HINT, libtpu_version
 from shardscope.diff.changes import PlanDiff
@@ -56,20 +58,23 @@ def _no_progress(_: DumpResult) -> None:
 
 
 def plannable_here(cases: Sequence[GoldenCase], root: Path) -> tuple[list[GoldenCase], list[CaseOutcome]]:
-    """Cases this machine can plan, and a "skipped" outcome for each TPU case when libtpu is missing.
+    """Cases this machine can plan, and a "skipped" outcome for each TPU case when libtpu is missing and each
+    `maxtext:` case of the installed MaxText when MaxText is not importable.
 
     A golden set with one TPU case must still be checkable on a machine without the TPU extra: the other
-    cases are checked, and the TPU ones are named with how to install what they need.
+    cases are checked, and the TPU ones are named with how to install what they need (likewise MaxText).
     """
-    if libtpu_version() is not None:
-        return list(cases), []
+    has_libtpu, has_maxtext = libtpu_version() is not None, importlib.util.find_spec("maxtext") is not None
     runnable, skipped = [], []
     for case in cases:
-        if needs_libtpu(case.topology):
+        if not has_libtpu and needs_libtpu(case.topology):
             message = f"needs libtpu to compile for {case.topology}: {TPU_EXTRA_HINT}"
-            skipped.append(CaseOutcome(case.case_id, "skipped", golden_path(root, case), message=message))
+        elif not has_maxtext and case.is_maxtext and not case.maxtext_path:
+            message = f"needs MaxText to plan {case.model}: {MAXTEXT_INSTALL_HINT}"
         else:
             runnable.append(case)
+            continue
+        skipped.append(CaseOutcome(case.case_id, "skipped", golden_path(root, case), message=message))
     return runnable, skipped
 
 

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 
+from shardscope.case.maxtext_model import MaxTextCase
 from shardscope.case.resolve import Case
 from shardscope.cost.price import price_plan, target_for
 from shardscope.errors import ShardscopeError
@@ -49,8 +50,10 @@ def priced(case: GoldenCase, plan_json: str) -> str:
     return plan_to_json(price_plan(plan, case.hardware, case.efficiency))
 
 
-def _expected_cost(case: Case | StepCase) -> float:
+def _expected_cost(case: Case | StepCase | MaxTextCase) -> float:
     """A rough relative compile cost, for scheduling only: layers traced, pipelines and TPU compiles."""
+    if isinstance(case, MaxTextCase):
+        return 50.0 if case.topology.platform == "tpu" else 10.0  # a child process importing MaxText
     if isinstance(case, StepCase):
         return 1.0
     cost = float(case.model.num_layers + case.model.first_dense_layers)
@@ -77,7 +80,7 @@ def dump_cases(
     0: one per CPU of the cluster) — and cached as each finishes, so an interrupted run resumes where it
     stopped.
     """
-    resolved = [resolve_golden_case(case) for case in cases]
+    resolved: list[Case | StepCase | MaxTextCase] = [resolve_golden_case(case) for case in cases]
     # A program of one's own is never cached: its source is outside what the cache key can see.
     keys = [case_key(c) if use_cache and isinstance(c, Case) else None for c in resolved]
     pending: list[int] = []
@@ -98,11 +101,15 @@ def dump_cases(
 
 
 def _compile_cases(
-    cases: Sequence[GoldenCase], resolved: Sequence[Case | StepCase], jobs: int, ray: str | None
+    cases: Sequence[GoldenCase], resolved: Sequence[Case | StepCase | MaxTextCase], jobs: int, ray: str | None
 ) -> Iterator[DumpResult]:
     if not cases:
         return
-    devices = max(c.topology.num_devices if c.topology.platform == "cpu" else 1 for c in resolved)
+    # A maxtext: case plans in a child process with its own devices (`golden.isolated`).
+    devices = max(
+        (c.topology.num_devices for c in resolved if c.topology.platform == "cpu" and not isinstance(c, MaxTextCase)),
+        default=1,
+    )
     # Longest first (pipelines, then DeepSeek, then the rest), so no long compile starts last.
     order = sorted(range(len(cases)), key=lambda i: -_expected_cost(resolved[i]))
     if ray is not None:

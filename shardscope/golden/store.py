@@ -20,7 +20,7 @@ from shardscope.plan.json import check_schema, load_plan, plan_to_json
 
 def golden_path(root: Path, case: GoldenCase) -> Path:
     """The one place a case's golden path is computed (CLI, tests and pytest plugin use it)."""
-    return root / case.model / case.topology / f"{case.stem}.json"
+    return root / case.folder / case.topology / f"{case.stem}.json"
 
 
 def load_golden(path: Path) -> Plan:
@@ -59,4 +59,6 @@ def write_golden(path: Path, plan: Plan) -> None:
 def orphan_goldens(root: Path, cases: Sequence[GoldenCase]) -> tuple[Path, ...]:
     """Plan files in the golden directory that no case of the manifest owns."""
     owned = {golden_path(root, case) for case in cases}
-    return tuple(sorted(p for p in root.glob("*/*/*.json") if p not in owned))
+    # maxtext:NAME cases live one folder deeper (maxtext/NAME/…).
+    found = [*root.glob("*/*/*.json"), *root.glob("maxtext/*/*/*.json")]
+    return tuple(sorted(p for p in found if p not in owned))

@@ -4,13 +4,17 @@ or as the one-line reason it could not be planned."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shardscope.case.maxtext_model import MaxTextCase, resolve_maxtext_model
+from shardscope.case.maxtext_run import parse_maxtext_args
 from shardscope.case.resolve import Case, parse_overrides, resolve_case, resolve_maxtext_case
 from shardscope.case.topology import Topology, get_topology, parse_mesh_arg
 from shardscope.cost.price import check_pricing
 from shardscope.errors import ShardscopeError
 from shardscope.golden.cases import GoldenCase
+from shardscope.golden.isolated import plan_in_child
 from shardscope.interrupts import exit_on_interrupt
 from shardscope.plan.json import plan_to_json
 from shardscope.stages.compiler_log import prepare_compiler_log
@@ -39,8 +43,13 @@ class StepCase:
     topology: Topology
 
 
-def resolve_golden_case(case: GoldenCase) -> Case | StepCase:
+def resolve_golden_case(case: GoldenCase) -> Case | StepCase | MaxTextCase:
     """Validates a golden case like `dump` validates its arguments, pricing included (raises ShardscopeError)."""
+    if case.is_maxtext:
+        path = Path(case.maxtext_path) if case.maxtext_path else None
+        topology = get_topology(case.topology)
+        check_pricing(case.topology, (("devices", topology.num_devices),), case.hardware, case.efficiency)
+        return resolve_maxtext_model(case.model, topology, parse_maxtext_args(case.maxtext), path)
     if case.step:
         step = StepCase(parse_step_ref(case.step), get_topology(case.topology))
         check_pricing(case.topology, (("devices", step.topology.num_devices),), case.hardware, case.efficiency)
@@ -79,6 +88,8 @@ def dump_one(case: GoldenCase) -> DumpResult:
 
     try:
         resolved = resolve_golden_case(case)
+        if isinstance(resolved, MaxTextCase):
+            return DumpResult(case, plan_in_child(resolved))
         if isinstance(resolved, StepCase):
             return DumpResult(case, plan_to_json(plan_step_ref(resolved.ref, resolved.topology, case.model)))
         return DumpResult(case, plan_to_json(plan_case(resolved)))
