@@ -272,3 +272,23 @@ def test_check_guards_a_maxtext_golden_and_fails_a_change_to_maxtexts_model_code
     result = cli("check", "--golden", str(golden), "--markdown", str(report))
     assert result.exit_code == 1, result.output
     assert "mlp/wo/kernel" in report.read_text()
+
+
+def test_list_shows_maxtexts_own_models():
+    listing = json.loads(cli("list", "--json").output)["maxtext"]
+    models = sorted(p.stem for p in (Path(maxtext.__file__).parent / "configs" / "models").glob("*.yml"))
+    assert listing["models"] == [f"maxtext:{m}" for m in models] and listing["version"] in SUPPORTED_VERSIONS
+
+
+def test_lint_plans_maxtexts_program_and_names_an_unsharded_large_weight(tmp_path):
+    """MaxText's default rules on qwen3-0.6b lint clean (the rule-file lints its shared rules would trip are
+    silenced, and said so); the same program with MaxText's rules replaced, on its command line, by two that
+    shard nothing leaves the 155M-parameter embedding replicated, which `large-replicated` names."""
+    clean = cli("lint", "maxtext:qwen3-0.6b", "--no-compile", "--json")
+    assert clean.exit_code == 0, clean.output
+    assert json.loads(clean.output)["silenced"] == ["dead-rule", "shadowed-rule", "unit-axis-rule"]
+    rules = "logical_axis_rules=[['vocab',[]],['embed_vocab',[]]]"
+    flagged = cli("lint", "maxtext:qwen3-0.6b", "--no-compile", "--json", "--maxtext", rules)
+    findings = json.loads(flagged.output)["findings"]
+    assert flagged.exit_code == 1, flagged.output
+    assert any(f["id"] == "large-replicated" and "token_embedder/embedding" in f["subject"] for f in findings)

@@ -19,10 +19,12 @@ from shardscope.case.topology import Topology
 from shardscope.errors import ShardscopeError
 
 PREFIX = "maxtext:"
-# The MaxText releases this route is tested with: 0.2.4 is the tree of MaxText's main in August 2026 (commit
-# e591f30), 0.2.5 the PyPI release after it. Another version may build its step differently (MaxText moves
-# its train-step helpers between releases), so it is refused by name rather than planned wrongly.
-SUPPORTED_VERSIONS = ("0.2.4", "0.2.5")
+# The MaxText releases this route is tested with: 0.2.4, the PyPI release and the tree of MaxText's main in
+# August 2026 (commit e591f30). Another version may build its step differently (MaxText moves its train-step
+# helpers between releases), so it is refused by name rather than planned wrongly; 0.2.5 imports JAX 0.11's
+# API, and shardscope runs on JAX 0.10.
+SUPPORTED_VERSIONS = ("0.2.4",)
+_WHY_NOT = {"0.2.5": "it needs JAX 0.11, and shardscope runs on JAX 0.10"}
 INSTALL_HINT = "pip install 'shardscope[maxtext]' (Python 3.12 or newer), or give a checkout with --maxtext-path"
 _VERSION = re.compile(r"""__version__\s*=\s*["']([^"']+)["']""")
 
@@ -49,7 +51,7 @@ class MaxTextTree:
         """MaxText's base.yml, the first word of its command line."""
         return self.package_dir / "configs" / "base.yml"
 
-    def model_names(self) -> tuple[str, ...]:
+    def models(self) -> tuple[str, ...]:
         """The models the tree has: one yml each under configs/models/."""
         return tuple(sorted(p.stem for p in (self.package_dir / "configs" / "models").glob("*.yml")))
 
@@ -126,8 +128,9 @@ def find_tree(path: Path | None) -> MaxTextTree:
         raise MaxTextError(f"MaxText at {package_dir} has no configs/base.yml: not a MaxText tree")
     version = _read_version(package_dir)
     if version not in SUPPORTED_VERSIONS:
+        why = f" ({_WHY_NOT[version]})" if version in _WHY_NOT else ""
         raise MaxTextError(
-            f"MaxText {version} (at {package_dir}) is not a version this route knows; "
+            f"MaxText {version} (at {package_dir}) is not a version this route supports{why}; "
             f"supported: {', '.join(SUPPORTED_VERSIONS)}"
         )
     return MaxTextTree(package_dir=package_dir, version=version, checkout=checkout)
@@ -140,7 +143,7 @@ def check_model(tree: MaxTextTree, model: str) -> str:
       MaxTextError: the tree has no such model (with "did you mean").
     """
     name = model.removeprefix(PREFIX)
-    known = tree.model_names()
+    known = tree.models()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"; did you mean {', '.join(PREFIX + c for c in close)}?" if close else ""
@@ -163,3 +166,11 @@ def resolve_maxtext_model(
         if key in dict(args):
             raise MaxTextError(f"--maxtext {key}=…: the model is maxtext:NAME and the topology --topology")
     return MaxTextCase(model=name, topology=topology, args=args, tree=tree)
+
+
+def installed_tree() -> MaxTextTree | None:
+    """The installed MaxText, if importable here and of a supported version (for `shardscope list`)."""
+    try:
+        return find_tree(None)
+    except MaxTextError:
+        return None

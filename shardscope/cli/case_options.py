@@ -92,3 +92,33 @@ def check_maxtext_path(model: str | None, maxtext_path: Path | None) -> None:
 
     if maxtext_path is not None and (model is None or not is_maxtext_model(model)):
         raise ShardscopeError(f"--maxtext-path plans a {PREFIX}MODEL (e.g. {PREFIX}qwen3-0.6b); {model} is not one")
+
+
+def check_model_or_step(
+    model: str | None,
+    step: str | None,
+    preset: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    tensors_only: bool,
+) -> None:
+    """A reference model or --step, never both; a step brings its own mesh and shardings.
+
+    Raises:
+      ShardscopeError: neither or both, or an option a step does not take.
+    """
+    if (model is None) == (step is None):
+        raise ShardscopeError("dump needs a model name or --step module:function (one of them)")
+    if step is not None:
+        given = [
+            option
+            for option, value in (
+                ("--preset", preset != "default"),
+                ("--mesh", mesh),
+                ("--set", settings),
+                ("--tensors-only", tensors_only),
+            )
+            if value
+        ]
+        if given:
+            raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")

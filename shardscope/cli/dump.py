@@ -26,7 +26,12 @@ from shardscope.cli.app import (
     quiet_compiler_logs,
     write_output,
 )
-from shardscope.cli.case_options import check_maxtext_path, resolve_cli_case, resolve_cli_maxtext_case
+from shardscope.cli.case_options import (
+    check_maxtext_path,
+    check_model_or_step,
+    resolve_cli_case,
+    resolve_cli_maxtext_case,
+)
 from shardscope.errors import ShardscopeError
 
 if TYPE_CHECKING:
@@ -168,33 +173,3 @@ def print_unsized_mesh_note(case: Case, preset: str) -> str | None:
     if note is not None:
         typer.echo(f"note: {note}", err=True)
     return note
-
-
-def check_model_or_step(
-    model: str | None,
-    step: str | None,
-    preset: str,
-    mesh: str | None,
-    settings: list[str] | None,
-    tensors_only: bool,
-) -> None:
-    """A reference model or --step, never both; a step brings its own mesh and shardings.
-
-    Raises:
-      ShardscopeError: neither or both, or an option a step does not take.
-    """
-    if (model is None) == (step is None):
-        raise ShardscopeError("dump needs a model name or --step module:function (one of them)")
-    if step is not None:
-        given = [
-            option
-            for option, value in (
-                ("--preset", preset != "default"),
-                ("--mesh", mesh),
-                ("--set", settings),
-                ("--tensors-only", tensors_only),
-            )
-            if value
-        ]
-        if given:
-            raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")

@@ -13,6 +13,7 @@ import typer
 from shardscope.cli.app import (
     JsonOption,
     MaxTextOption,
+    MaxTextPathOption,
     MeshOption,
     NoCacheOption,
     PresetOption,
@@ -21,7 +22,7 @@ from shardscope.cli.app import (
     make_console,
     quiet_compiler_logs,
 )
-from shardscope.cli.case_options import resolve_cli_case
+from shardscope.cli.case_options import check_maxtext_path, resolve_cli_case, resolve_cli_maxtext_case
 from shardscope.cli.dump import print_unsized_mesh_note
 from shardscope.errors import ShardscopeError
 
@@ -60,6 +61,7 @@ def lint_command(
     as_json: JsonOption = False,
     no_cache: NoCacheOption = False,
     maxtext: MaxTextOption = None,
+    maxtext_path: MaxTextPathOption = None,
 ) -> None:
     """Lint a case's sharding rules and plan. Exit 0 clean, 1 findings at or above --fail-on, 2 bad input."""
     if explain is not None or list_lints:
@@ -70,21 +72,35 @@ def lint_command(
             raise ShardscopeError("lint needs a MODEL (e.g. `shardscope lint deepseek-tiny --preset ep-as-cp`)")
         if fail_on not in FAIL_ON:
             raise ShardscopeError(f"--fail-on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
-        from shardscope.case.topology import with_slices  # lazy: off the --help path (no JAX)
+        from shardscope.case.maxtext_model import is_maxtext_model  # lazy: off the --help path (no JAX)
+        from shardscope.case.topology import with_slices
 
-        case = resolve_cli_case(model, preset, with_slices(topology, slices), mesh, settings, maxtext)
-        mesh_note = print_unsized_mesh_note(case, preset)
+        check_maxtext_path(model, maxtext_path)
         target = None
         if hardware is not None:
             from shardscope.case.hardware import load_hardware  # lazy: off the --help path (no JAX)
 
             target = load_hardware(hardware)
-        quiet_compiler_logs()
-        from shardscope.golden.planning import lint_case  # lazy: planning loads JAX
-        from shardscope.stages.devices import configure_devices
+        if is_maxtext_model(model):
+            maxtext_case = resolve_cli_maxtext_case(
+                model, with_slices(topology, slices), preset, mesh, settings, maxtext, maxtext_path
+            )
+            quiet_compiler_logs()
+            from shardscope.golden.planning import lint_maxtext_case  # lazy: planning loads JAX and MaxText
 
-        configure_devices(case.topology)
-        report = lint_case(case, compile=compile_step, hardware=target, use_cache=not no_cache)
+            report, silenced_ids = lint_maxtext_case(maxtext_case, compile=compile_step, hardware=target)
+            mesh_note = None
+        else:
+            case = resolve_cli_case(model, preset, with_slices(topology, slices), mesh, settings, maxtext)
+            mesh_note = print_unsized_mesh_note(case, preset)
+            quiet_compiler_logs()
+            from shardscope.golden.planning import lint_case  # lazy: planning loads JAX
+            from shardscope.stages.devices import configure_devices
+
+            configure_devices(case.topology)
+            report = lint_case(case, compile=compile_step, hardware=target, use_cache=not no_cache)
+            settings_lint = case.preset.lint
+            silenced_ids = (*settings_lint.ignore, *(f"{i} ({t})" for i, t in settings_lint.ignore_subjects))
     except ShardscopeError as err:
         fail(err)
     from shardscope.plan.findings import severity_rank  # lazy: off the --help path (no JAX)
@@ -100,16 +116,12 @@ def lint_command(
             "compiled": report.compiled,
             "findings": [finding_to_json(f) for f in report.findings],
             "counts": count_by_severity(report.findings),
-            "silenced": [
-                *case.preset.lint.ignore,
-                *({"id": lint, "subject": text} for lint, text in case.preset.lint.ignore_subjects),
-            ],
+            "silenced": list(silenced_ids),
             "notes": [*report.notes, *([mesh_note] if mesh_note else [])],
         }
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        silenced = [*case.preset.lint.ignore, *(f"{i} ({t})" for i, t in case.preset.lint.ignore_subjects)]
-        _print_report(report, silenced)
+        _print_report(report, list(silenced_ids))
     raise typer.Exit(1 if failing else 0)
 
 

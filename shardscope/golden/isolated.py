@@ -46,7 +46,7 @@ def plan_in_child(case: MaxTextCase) -> str:
 
 def main(argument: str) -> int:
     """Plans the case the argument describes and prints its plan JSON."""
-    from shardscope.stages.compiler_log import prepare_compiler_log
+    from shardscope.stages.compiler_log import prepare_compiler_log  # lazy: before JAX starts
 
     prepare_compiler_log()
     spec = json.loads(argument)

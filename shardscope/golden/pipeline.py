@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from shardscope.case.hardware import Hardware
 from shardscope.case.maxtext_model import MaxTextCase
 from shardscope.case.resolve import Case
 from shardscope.case.topology import Topology
@@ -70,9 +71,10 @@ def plan_step_function(function: Callable[..., Any], topology: Topology, name: s
     return dataclasses.replace(plan, case=case)
 
 
-def plan_maxtext_case(case: MaxTextCase, tensors_only: bool = False) -> Plan:
+def plan_maxtext_case(case: MaxTextCase, tensors_only: bool = False, hardware: Hardware | None = None) -> Plan:
     """MaxText's own train step of a `maxtext:` case, planned as any case: built (and unless `tensors_only`,
-    lowered and compiled), extracted and linted against MaxText's own rules."""
+    lowered and compiled), extracted and linted against MaxText's own rules (HBM against `hardware`, by
+    default the topology's TPU generation)."""
     from shardscope.extract.maxtext_plan import maxtext_plan  # lazy: MaxText loads only for a maxtext: case
     from shardscope.stages.maxtext_program import build_maxtext_step, maxtext_preset
 
@@ -84,7 +86,7 @@ def plan_maxtext_case(case: MaxTextCase, tensors_only: bool = False) -> Plan:
         preset=maxtext_preset(step),
         plan=plan,
         compiler_log=log,
-        hardware=topology_hardware(case.topology),
+        hardware=hardware if hardware is not None else topology_hardware(case.topology),
         slices=case.topology.slices,
     )
     return with_findings(plan, run_checks(ctx, ctx.preset.lint))

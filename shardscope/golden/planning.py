@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardscope.case.hardware import Hardware
+from shardscope.case.maxtext_model import MaxTextCase
+from shardscope.case.presets import Preset
 from shardscope.case.resolve import Case
 from shardscope.errors import MemoryExhaustedError, ShardingError
 from shardscope.golden.cache import case_key, load_plan_text, store
@@ -91,3 +93,23 @@ def lint_case(case: Case, compile: bool = True, hardware: Hardware | None = None
         overflow = [f for f in check_hbm(ctx) if not silenced(f, case.preset.lint)]
         findings = sort_findings([f for f in findings if f.lint != "hbm-overflow"] + overflow)
     return LintReport(plan, findings, plan.holds("collectives"), tuple(notes))
+
+
+def lint_maxtext_case(
+    case: MaxTextCase, compile: bool = True, hardware: Hardware | None = None
+) -> tuple[LintReport, tuple[str, ...]]:
+    """Lints MaxText's own program of a `maxtext:` case (`compile`: the compile-based lints too), and the lints
+    silenced for MaxText's shared rules. A step the TPU compiler cannot fit is an `hbm-overflow` finding."""
+    from shardscope.golden import pipeline  # lazy: loads JAX and MaxText
+    from shardscope.stages.maxtext_program import MAXTEXT_RULE_LINTS
+
+    silenced = MAXTEXT_RULE_LINTS.ignore
+    try:
+        plan = pipeline.plan_maxtext_case(case, tensors_only=not compile, hardware=hardware)
+    except MemoryExhaustedError as err:
+        plan = pipeline.plan_maxtext_case(case, tensors_only=True, hardware=hardware)
+        ctx = LintContext(preset=Preset(name=case.rule, mesh_axes=()), plan=plan)
+        findings = sort_findings([*plan.findings, compile_refusal(ctx, str(err))])
+        note = "the compiler refused the step; collective lints need a step that compiles"
+        return LintReport(with_findings(plan, findings), findings, False, (note,)), silenced
+    return LintReport(plan, plan.findings, plan.holds("collectives")), silenced

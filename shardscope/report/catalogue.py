@@ -10,12 +10,15 @@ from rich.text import Text
 
 from reference_models import MODELS
 from shardscope.case.hardware import known_hardware
+from shardscope.case.maxtext_model import INSTALL_HINT, PREFIX, installed_tree
 from shardscope.case.presets import builtin_preset_names, get_preset
 from shardscope.case.tpu import known_tpu_names, libtpu_version, parse_tpu_slice
 
 
 def catalogue_to_json() -> dict[str, Any]:
-    """Every model (its shape), preset (strategy, mesh, origin), TPU topology (devices) and generation."""
+    """Every model (its shape), preset (strategy, mesh, origin), TPU topology (devices) and generation, and
+    MaxText's own models when MaxText is installed."""
+    tree = installed_tree()
     return {
         "models": {
             name: {
@@ -43,6 +46,7 @@ def catalogue_to_json() -> dict[str, Any]:
         "topologies": {name: parse_tpu_slice(name).num_devices for name in known_tpu_names()},
         "libtpu": libtpu_version(),
         "hardware": known_hardware(),
+        "maxtext": None if tree is None else {"version": tree.version, "models": [PREFIX + m for m in tree.models()]},
     }
 
 
@@ -78,4 +82,13 @@ def catalogue_renderables() -> tuple[RenderableType, ...]:
         needs = Text(f"{note} (needs: pip install 'shardscope[tpu]')")  # Text: `[tpu]` is not markup
         topologies.add_row(name, note if installed else needs)
     hardware = Text(f"hardware (--hardware): {', '.join(known_hardware())}")
-    return (models, "", presets, "", topologies, "", hardware)
+    return (models, "", presets, "", topologies, "", hardware, Text("\n"), maxtext_models())
+
+
+def maxtext_models() -> RenderableType:
+    """MaxText's own models (`maxtext:NAME`), or how to get them."""
+    tree = installed_tree()
+    if tree is None:
+        return Text(f"MaxText's own models (maxtext:NAME): not installed here; {INSTALL_HINT}")
+    names = ", ".join(tree.models())
+    return Text(f"MaxText {tree.version}'s own models (maxtext:NAME, configured by --maxtext): {names}")

@@ -97,7 +97,7 @@ def _quiet_stdout() -> Iterator[None]:
 def _maxtext_rng() -> Iterator[None]:
     """MaxText's train_compile runs with the `unsafe_rbg` PRNG (its keys, and so its step's RNG arguments, are
     four words, not two); set for this build only, so that other plans of the process keep JAX's default."""
-    from jax._src import config  # lazy; the scoped form of `jax.config.update("jax_default_prng_impl", …)`
+    from jax._src import config  # lazy: the scoped form of `jax.config.update("jax_default_prng_impl", …)`
 
     # The TPU compiler's flag that goes with it, as train_compile sets it (read when libtpu starts).
     flag = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"
@@ -229,7 +229,7 @@ def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool
     activations = tuple(sharding._ACTIVATION_SHARDINGS_DUMP)
     if not compile_step:
         return dataclasses.replace(built, lowered=lowered, activations=activations)
-    from maxtext.utils import max_utils
+    from maxtext.utils import max_utils  # lazy: MaxText is an optional extra
 
     options = max_utils.parse_libtpu_flags_to_dict(config.compile_xla_flags) if case.topology.tpu else {}
     try:
