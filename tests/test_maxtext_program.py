@@ -292,3 +292,22 @@ def test_lint_plans_maxtexts_program_and_names_an_unsharded_large_weight(tmp_pat
     findings = json.loads(flagged.output)["findings"]
     assert flagged.exit_code == 1, flagged.output
     assert any(f["id"] == "large-replicated" and "token_embedder/embedding" in f["subject"] for f in findings)
+
+
+def test_the_readmes_maxtext_commands_run_as_written(tmp_path):
+    """The README's `maxtext:` commands (and `why` of the plan one writes), in order, as a user types them."""
+    import re
+    import shlex
+    import subprocess
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    lines = [line.split("  #", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    commands = [c for c in lines if c.startswith("shardscope ") and ("maxtext:" in c or "qwen.json" in c)]
+    assert len(commands) >= 4, commands
+    program = Path(sys.executable).parent / "shardscope"  # this environment's console script, not PATH's
+    assert program.is_file()
+    for command in commands:
+        result = subprocess.run([program, *shlex.split(command)[1:]], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        assert "Traceback" not in result.stderr

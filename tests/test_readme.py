@@ -37,6 +37,12 @@ def readme_commands() -> list[str]:
     return commands
 
 
+def runs_here(command: str) -> bool:
+    """MaxText's own programs (`maxtext:`, and `why` of the plan one makes) need Python 3.12 and MaxText: their
+    commands are run by tests/test_maxtext_program.py, in the test command's maxtext: lane."""
+    return "maxtext:" not in command and "qwen.json" not in command
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
     """The files README commands name: two plans, an HLO module, a rule file, a golden set, the examples."""
@@ -63,7 +69,7 @@ def test_the_readme_shows_commands():
     assert len(readme_commands()) >= 15
 
 
-@pytest.mark.parametrize("command", readme_commands())
+@pytest.mark.parametrize("command", [c for c in readme_commands() if runs_here(c)])
 def test_readme_command_runs(command, scratch):
     args = shlex.split(command)
     program = shutil.which("shardscope") if args[0] == "shardscope" else sys.executable

@@ -6,7 +6,7 @@ A check is a pure function `LintContext → findings`; everything it may look at
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -86,10 +86,25 @@ class LintContext:
         return frozenset(name for axes in self.used for name in axes if name is not None)
 
 
-def in_moe_block(path: str) -> bool:
-    """Whether a tensor path lies inside a MoE block (a component such as `MoeBlock_0`, `DeepSeekMoeBlock_0`
-    or `moe`; a layer stack named `moe_layers` does not count)."""
-    return any("moe" in part.lower() and not part.endswith(_STACK_SUFFIX) for part in path.split("/")[1:])
+def in_moe_block(path: str, expert_modules: frozenset[str] = frozenset()) -> bool:
+    """Whether a tensor path lies inside a MoE block: a component named so (`MoeBlock_0`, `DeepSeekMoeBlock_0`,
+    `moe`; a layer stack named `moe_layers` does not count), or a module that holds expert weights
+    (`expert_modules`: whatever a model calls its MoE, e.g. gpt-oss's `GptOssMlp`)."""
+    parts = path.split("/")[1:]
+    if any("moe" in part.lower() and not part.endswith(_STACK_SUFFIX) for part in parts):
+        return True
+    module = "/".join(parts)
+    return any(module == m or module.startswith(m + "/") for m in expert_modules)
+
+
+def expert_modules(tensors: Iterable[tuple[str, TensorRecord]]) -> frozenset[str]:
+    """The modules that hold a weight with an experts dimension (logical `exp`): a MoE block by what it holds,
+    not by its name. Paths without their root (`decoder/layers/GptOssMlp`)."""
+    return frozenset(
+        "/".join(path.split("/")[1:-1])
+        for path, tensor in tensors
+        if tensor.kind == "param" and tensor.logical is not None and "exp" in tensor.logical
+    )
 
 
 def rule_subject(index: int, rule: Rule) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
 from shardscope.case.topology import DCN_AXIS, dcn_axis_of
-from shardscope.lint.context import LintContext, LogicalAxes, axes_text, in_moe_block, rule_subject
+from shardscope.lint.context import LintContext, LogicalAxes, axes_text, expert_modules, in_moe_block, rule_subject
 from shardscope.plan.findings import Finding
 from shardscope.plan.records import TensorRecord, is_stack_name
 from shardscope.plan.units import human_bytes
@@ -149,9 +149,10 @@ def check_weight_names_on_activations(ctx: LintContext) -> Iterator[Finding]:
 
 def check_moe_names_outside_moe(ctx: LintContext) -> Iterator[Finding]:
     """`moe-name-outside-moe`: `*_moe` names on tensors that do not lie inside a MoE block."""
+    modules = expert_modules(ctx.plan.tensors)
     for path, _, logical in _named(ctx, ("param", "activation")):
         names = [n for n in logical if n is not None and n.endswith("_moe")]
-        if names and not in_moe_block(path):
+        if names and not in_moe_block(path, modules):
             yield Finding(
                 "moe-name-outside-moe",
                 "warning",
