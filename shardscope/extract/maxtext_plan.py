@@ -113,7 +113,11 @@ def maxtext_tensors(step: MaxTextStep) -> tuple[tuple[str, TensorRecord], ...]:
     source = step.compiled if step.compiled is not None else step.lowered
     if source is not None:
         outputs = output_tensors(source.out_info, sizes, {}, train_step=True)
-        tensors.update({path: record for path, record in outputs.items() if "/step" not in path})
+        for path, record in outputs.items():
+            # The new state under the state's own names (`outputs/params/…`), as its inputs are named.
+            name = canonical_state_path(path.removeprefix("outputs/").split("/"))
+            if name != "step":
+                tensors[f"outputs/{name}"] = record
     return tuple(sorted(tensors.items()))
 
 

@@ -117,7 +117,10 @@ def case_title(case: CaseRecord) -> str:
 
 
 def preset_origin(case: CaseRecord, holds: str = "") -> str:
-    """Where a side's preset came from: "built-in", "file rules/ep-as-cp.yml" or "MaxText's rule"."""
+    """Where a side's preset came from: "built-in", "file rules/ep-as-cp.yml", "MaxText's rule" or, for MaxText's
+    own program, "MaxText's rules" (its base.yml, model and rule file merged, as its config merges them)."""
+    if case.model.startswith("maxtext:"):
+        return "MaxText's rules"
     if case.preset_source:
         return f"file {case.preset_source}"
     return "MaxText's rule" if holds.startswith("MaxText") else "built-in"
