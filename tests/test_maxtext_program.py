@@ -51,6 +51,16 @@ MAXTEXT_GOLDENS = (
     "gpt-oss-20b/tpu7x-16/slice_1/rule_default",
     "gpt-oss-20b/tpu7x-16/slice_1/rule_default_ici_fsdp_parallelism=-1_ici_expert_parallelism=2",
 )
+# Every other case in tests/data dumped by MaxText's own unmodified dump script under MaxText's rule files
+# (pipelines, Explicit axes, ZeRO-1, two slices, the real DeepSeek-V3, Mixtral and Llama shapes); dumps under
+# a rule file of a user's (`tp-heads`) are not MaxText's to build.
+OTHER_DUMPS = tuple(
+    sorted(
+        str(p.parent.relative_to(DATA))
+        for p in DATA.glob("*/*/*/*/named_shardings.json")
+        if str(p.parent.relative_to(DATA)) not in MAXTEXT_GOLDENS and "rule_tp-heads" not in str(p)
+    )
+)
 # A small step that compiles in seconds on the fake CPU devices: two of Qwen3-0.6B's layers, short sequences.
 SMALL = "override_model_config=true base_num_decoder_layers=2 per_device_batch_size=1 max_target_length=128"
 
@@ -75,12 +85,14 @@ def test_every_maxtext_golden_case_is_here():
     assert all((DATA / golden / "named_shardings.json").is_file() for golden in MAXTEXT_GOLDENS)
 
 
-@pytest.mark.parametrize("golden", MAXTEXT_GOLDENS)
+@pytest.mark.parametrize("golden", MAXTEXT_GOLDENS + OTHER_DUMPS)
 def test_maxtext_plan_reproduces_maxtexts_own_golden(golden):
     """Every parameter, Adam moment and count (path, shape, logical axes, spec) and every activation constraint
     (name, shape, dtype, logical axes, spec): entry for entry, from the case's own command line."""
     directory = DATA / golden
     model, topology, words = dump_command_line(directory)
+    case = parse_dump_path(directory)
+    topology = topology if case.slices == 1 else f"{case.slices}x{topology}"
     plan = shardscope.plan_case(f"maxtext:{model}", topology=topology, maxtext=words, tensors_only=True)
     expected = dump_to_plan(directory)
     assert plan.case.mesh == expected.case.mesh

@@ -8,6 +8,7 @@ compiled module as for any plan; a cause's rules are MaxText's `logical_axis_rul
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -139,6 +140,19 @@ def _provenance(step: MaxTextStep, platform: str) -> tuple[tuple[str, Any], ...]
     return tuple(sorted((*provenance(platform, {}), ("maxtext", f"{tree.version} ({source})"))))
 
 
+def slice_mesh(step: MaxTextStep) -> tuple[tuple[str, int], ...]:
+    """The mesh one slice's compiled module refers to: each axis over its ICI size (MaxText sizes an axis ICI ×
+    DCN; a program for several slices is compiled per slice, its traffic between slices host transfers)."""
+    slices = step.case.topology.slices
+    mesh = tuple((str(axis), int(size)) for axis, size in step.mesh.shape.items())
+    if slices == 1:
+        return mesh
+    dcn = [int(d) for d in getattr(step.config, "dcn_parallelism", [1] * len(mesh))]
+    known = math.prod(d for d in dcn if d != -1)
+    dcn = [slices // known if d == -1 else d for d in dcn]  # MaxText fills one -1 with the remaining slices
+    return tuple((axis, size // d) for (axis, size), d in zip(mesh, dcn, strict=True))
+
+
 def maxtext_plan(step: MaxTextStep) -> Plan:
     """The plan of MaxText's step: tensors-only when it was not compiled."""
     platform = step.case.topology.platform
@@ -160,7 +174,7 @@ def maxtext_plan(step: MaxTextStep) -> Plan:
         tensors=tensors,
         collectives=extract_collectives(
             module,
-            record.mesh,
+            slice_mesh(step),
             narrow=cpu,
             explain=(dict(tensors), maxtext_rules(step.config)),
             moved_out=cpu and not explicit,
