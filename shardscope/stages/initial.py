@@ -73,8 +73,10 @@ def cheap_generator() -> Any:
     )
 
 
+@functools.lru_cache(maxsize=4)
 def initial_params(config: DecoderConfig, batch_shape: tuple[int, int], seed: int) -> Any:
-    """The model's parameters from its own initialisers and a fixed key, as host arrays."""
+    """The model's parameters from its own initialisers and a fixed key, as read-only host arrays (kept for the
+    next verification of the same model in this process: a golden check or a test session runs several)."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -86,4 +88,7 @@ def initial_params(config: DecoderConfig, batch_shape: tuple[int, int], seed: in
     zeros = jnp.zeros(batch_shape, jnp.int32)  # the shapes matter, not the tokens
     lowered = jax.jit(Transformer(config).init).lower(key, zeros)
     params = lowered.compile(compiler_options={"xla_backend_optimization_level": "0"})(key, zeros)
-    return jax.tree.map(np.asarray, nn.unbox(params)["params"])
+    host = jax.tree.map(np.array, nn.unbox(params)["params"])
+    for leaf in jax.tree.leaves(host):
+        leaf.setflags(write=False)
+    return host

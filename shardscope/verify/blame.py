@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shardscope.case.rules import Spec
 from shardscope.plan.document import Plan
 from shardscope.plan.frames import spec_axes_text
 from shardscope.plan.records import CollectiveRow, axes_label
@@ -60,12 +61,17 @@ def collective_note(row: CollectiveRow) -> CollectiveNote:
     )
 
 
+def _spec_text(spec: Spec) -> str:
+    """`(fsdp+expert, -)`; a scalar has no dimension to split: on every device."""
+    return spec_axes_text(spec) if spec else "(), on every device"
+
+
 def placement(side: SideRun, path: str, plan: Plan | None) -> Placement:
     """Where a compared output lives on a side, with the collectives of its plan that touch it."""
     if not side.specs:
         return Placement(side.label, WHOLE)
     own = side.paths_of(path)
-    specs = dict.fromkeys(spec_axes_text(side.specs[p]) for p in own if p in side.specs)
+    specs = dict.fromkeys(_spec_text(side.specs[p]) for p in own if p in side.specs)
     notes: dict[CollectiveNote, None] = {}
     if plan is not None:
         for own_path in own:

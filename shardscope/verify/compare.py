@@ -55,7 +55,9 @@ def _magnitude(reference: np.ndarray) -> float:
 
 def _difference(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """|got − want| elementwise; NaN where both are NaN counts as equal, NaN on one side as infinitely far."""
-    if not np.issubdtype(want.dtype, np.inexact):
+    import jax.numpy as jnp  # lazy: numpy's own issubdtype does not count bfloat16 as a float
+
+    if not jnp.issubdtype(want.dtype, jnp.inexact):
         return np.atleast_1d(np.abs(got.astype(np.int64) - want.astype(np.int64)).astype(np.float64))
     got, want = np.atleast_1d(got.astype(np.float64)), np.atleast_1d(want.astype(np.float64))
     with np.errstate(invalid="ignore"):

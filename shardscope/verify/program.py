@@ -16,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 # Iterations of a scan body walked one by one; a longer scan's growth per iteration is extrapolated (it is
 # the same every iteration once the carry's worst path runs through the body).
 SCAN_ITERATIONS_WALKED = 3
@@ -70,15 +68,21 @@ def read_program(closed_jaxpr: Any, inputs: Sequence[Precision] | None = None) -
     given = list(inputs) if inputs is not None else [EXACT] * len(jaxpr.invars)
     start = [_own(var, reading) for var, reading in zip(jaxpr.invars, given, strict=True)]
     precisions = _walk(jaxpr, start, {})
+    # An integer output (a count, an index) must come out equal: it carries no tolerance, whatever it was
+    # computed from.
+    exact = [_eps(getattr(var, "aval", None)) == 0.0 for var in jaxpr.outvars]
+    precisions = [EXACT if integer else reading for integer, reading in zip(exact, precisions, strict=True)]
     return ProgramReading(tuple(precisions), tuple(_computed_at(jaxpr)))
 
 
 def _eps(aval: Any) -> float:
+    import jax.numpy as jnp  # lazy: numpy's own finfo does not know bfloat16 or the float8 types
+
     dtype = getattr(aval, "dtype", None)
     if dtype is None:
         return 0.0
     try:
-        return float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.inexact) else 0.0
+        return float(jnp.finfo(dtype).eps) if jnp.issubdtype(dtype, jnp.inexact) else 0.0
     except (TypeError, ValueError):  # extended dtypes (PRNG keys) are no numbers
         return 0.0
 
