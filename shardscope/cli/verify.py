@@ -64,7 +64,7 @@ def verify_command(
         check_options(model, step, preset, against, steps, mesh, settings)
         quiet_compiler_logs()
         report = (
-            _verify_model(model, preset, against, steps or DEFAULT_STEPS, topology, mesh, settings)
+            _verify_model(model, preset, against, DEFAULT_STEPS if steps is None else steps, topology, mesh, settings)
             if model is not None
             else _verify_step(step or "", topology)
         )

@@ -43,6 +43,12 @@ def check_verifiable(case: Case, against: Case | None, steps: int) -> None:
     check_small_enough(case)
     if against is None:
         return
+    if case.global_batch != against.global_batch:
+        raise ShardscopeError(
+            f"{case.preset.name} and {against.preset.name} train on different batches ({case.global_batch} vs "
+            f"{against.global_batch} sequences: the batch is per device × devices); give both the same with "
+            "--set model.global_batch=N"
+        )
     mine, theirs = stacked_config(case.model), stacked_config(against.model)
     if mine != theirs:
         fields = [f.name for f in dataclasses.fields(mine) if getattr(mine, f.name) != getattr(theirs, f.name)]
@@ -50,12 +56,6 @@ def check_verifiable(case: Case, against: Case | None, steps: int) -> None:
             f"{case.preset.name} and {against.preset.name} make different {case.model_name} models "
             f"({', '.join(f'{name}: {getattr(mine, name)} vs {getattr(theirs, name)}' for name in fields)}); "
             "verify compares the same step under two shardings"
-        )
-    if case.global_batch != against.global_batch:
-        raise ShardscopeError(
-            f"{case.preset.name} and {against.preset.name} train on different batches ({case.global_batch} vs "
-            f"{against.global_batch} sequences: the batch is per device × devices); give both the same with "
-            "--set model.global_batch=N"
         )
 
 
