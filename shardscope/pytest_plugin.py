@@ -161,7 +161,6 @@ class GoldenChecker:
             plan = plan_step_function(step, target, name or path.stem)
         self.check_plan(plan, path)
 
-
     def verify_step(self, step: Any, topology: str = "cpu-8") -> Any:
         """Runs a program of one's own on `topology`'s devices and on one device and fails the test, with the
         divergences in the order the step computes them, unless its outputs agree within their tolerances

@@ -6,9 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardscope.case.topology import get_topology
 from shardscope.errors import ShardscopeError
 from shardscope.golden.cases import ONE_DEVICE, GoldenCase, verified_against
 from shardscope.golden.worker import StepCase, resolve_golden_case
+from shardscope.stages.compiler_log import prepare_compiler_log
+from shardscope.stages.devices import configure_cpu_devices
+from shardscope.stages.user_step import load_step_function
 from shardscope.verify.records import VerifyReport
 
 
@@ -45,8 +49,6 @@ def verify_golden_case(case: GoldenCase, cases: Sequence[GoldenCase]) -> Verific
         command = verify_command(case, other)
         resolved = resolve_golden_case(case)
         if isinstance(resolved, StepCase):
-            from shardscope.stages.user_step import load_step_function
-
             function = load_step_function(resolved.ref)
             report = verify_step_function(function, resolved.ref, resolved.topology)
             return Verification(case, report, command=command)
@@ -61,10 +63,6 @@ def verify_golden_case(case: GoldenCase, cases: Sequence[GoldenCase]) -> Verific
 def verify_golden_cases(cases: Sequence[GoldenCase], whole_set: Sequence[GoldenCase]) -> list[Verification]:
     """Every case of `cases` that carries `verify:`, verified in this process (its device pool sized for the
     largest of their topologies, if JAX has not started yet)."""
-    from shardscope.case.topology import get_topology
-    from shardscope.stages.compiler_log import prepare_compiler_log
-    from shardscope.stages.devices import configure_cpu_devices
-
     chosen = [case for case in cases if case.verify]
     if not chosen:
         return []

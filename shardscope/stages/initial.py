@@ -15,14 +15,20 @@ import functools
 import math
 from typing import Any
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.random import define_prng_impl
+
 from reference_models.config import DecoderConfig
+from reference_models.decoder import Transformer
 
 _GOLDEN = 0x9E3779B9  # 2^32 / φ: consecutive counters land far apart before mixing
 
 
 def _mix(x: Any) -> Any:
     """MurmurHash3's finaliser: every input bit flips about half the output bits."""
-    import jax.numpy as jnp  # lazy: JAX loads where parameters are made
 
     x = x ^ (x >> 16)
     x = x * jnp.uint32(0x85EBCA6B)
@@ -32,15 +38,12 @@ def _mix(x: Any) -> Any:
 
 
 def _stream(key: Any, count: int) -> Any:
-    import jax
-    import jax.numpy as jnp
 
     counter = jax.lax.iota(jnp.uint32, count)
     return _mix(_mix(counter * jnp.uint32(_GOLDEN) ^ key[0]) + key[1])
 
 
 def _seed(seed: Any) -> Any:
-    import jax.numpy as jnp
 
     value = jnp.asarray(seed).astype(jnp.uint32)
     return jnp.stack([_mix(value), _mix(value ^ jnp.uint32(_GOLDEN))])
@@ -51,14 +54,12 @@ def _split(key: Any, shape: tuple[int, ...]) -> Any:
 
 
 def _fold_in(key: Any, data: Any) -> Any:
-    import jax.numpy as jnp
 
     value = jnp.asarray(data).astype(jnp.uint32)
     return jnp.stack([_mix(key[0] ^ _mix(value)), _mix(key[1] + value * jnp.uint32(_GOLDEN))])
 
 
 def _random_bits(key: Any, bit_width: int, shape: tuple[int, ...]) -> Any:
-    import jax.numpy as jnp
 
     words = _stream(key, math.prod(shape))
     return words.astype({8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bit_width]).reshape(shape)
@@ -67,8 +68,6 @@ def _random_bits(key: Any, bit_width: int, shape: tuple[int, ...]) -> Any:
 @functools.cache
 def cheap_generator() -> Any:
     """The counter-based generator, registered with JAX once per process."""
-    from jax.extend.random import define_prng_impl  # lazy: JAX loads where parameters are made
-
     return define_prng_impl(
         key_shape=(2,), seed=_seed, split=_split, random_bits=_random_bits, fold_in=_fold_in, name="murmur32"
     )
@@ -78,13 +77,6 @@ def cheap_generator() -> Any:
 def initial_params(config: DecoderConfig, batch_shape: tuple[int, int], seed: int) -> Any:
     """The model's parameters from its own initialisers and a fixed key, as read-only host arrays (kept for the
     next verification of the same model in this process: a golden check or a test session runs several)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from reference_models.decoder import Transformer
-
     key = jax.random.key(seed, impl=cheap_generator())
     zeros = jnp.zeros(batch_shape, jnp.int32)  # the shapes matter, not the tokens
     lowered = jax.jit(Transformer(config).init).lower(key, zeros)

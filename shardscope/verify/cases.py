@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from shardscope.case.resolve import Case
 from shardscope.case.topology import mesh_label
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
+from shardscope.stages.train_step import ADAMW
 from shardscope.verify.compare import compare_runs
 from shardscope.verify.inputs import check_small_enough, starting_point
 from shardscope.verify.layout import stacked_config
@@ -66,10 +69,6 @@ def verify_case(case: Case, against: Case | None, steps: int = DEFAULT_STEPS) ->
     Raises:
       ShardscopeError: what `check_verifiable` refuses, or a mesh this process has too few devices for.
     """
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.stages.train_step import ADAMW
-
     check_verifiable(case, against, steps)
     start = starting_point(case.model, case.global_batch, steps)
     side = run_case(case, start, side_label(case))

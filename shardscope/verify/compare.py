@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import jax.numpy as jnp
 import numpy as np
 
 from shardscope.errors import ShardscopeError
@@ -55,9 +56,7 @@ def _magnitude(reference: np.ndarray) -> float:
 
 def _difference(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """|got − want| elementwise; NaN where both are NaN counts as equal, NaN on one side as infinitely far."""
-    import jax.numpy as jnp  # lazy: numpy's own issubdtype does not count bfloat16 as a float
-
-    if not jnp.issubdtype(want.dtype, jnp.inexact):
+    if not jnp.issubdtype(want.dtype, jnp.inexact):  # numpy's own issubdtype has bfloat16 as no float
         return np.atleast_1d(np.abs(got.astype(np.int64) - want.astype(np.int64)).astype(np.float64))
     got, want = np.atleast_1d(got.astype(np.float64)), np.atleast_1d(want.astype(np.float64))
     with np.errstate(invalid="ignore"):

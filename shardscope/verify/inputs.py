@@ -7,11 +7,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
 from reference_models.config import DecoderConfig
 from shardscope.case.resolve import Case
 from shardscope.errors import ShardscopeError
+from shardscope.stages.initial import initial_params
+from shardscope.stages.state import unplaced_state
 from shardscope.verify.layout import stacked_config
 
 SEED = 0
@@ -35,10 +38,6 @@ def check_small_enough(case: Case) -> None:
     Raises:
       ShardscopeError: more parameters than `MAX_PARAMETERS`.
     """
-    import jax  # lazy: shapes only, nothing allocated
-
-    from shardscope.stages.state import unplaced_state
-
     state, _ = unplaced_state(case)
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state["params"]))
     if count > MAX_PARAMETERS:
@@ -50,8 +49,6 @@ def check_small_enough(case: Case) -> None:
 
 def starting_point(config: DecoderConfig, global_batch: int, steps: int, seed: int = SEED) -> StartingPoint:
     """Parameters of the stacked model from `seed`, and `steps` batches of `global_batch` sequences."""
-    from shardscope.stages.initial import initial_params  # lazy: JAX loads where a verification runs
-
     shape = (global_batch, config.seq_len)
     params = initial_params(stacked_config(config), shape, seed)
     generator = np.random.default_rng(seed)

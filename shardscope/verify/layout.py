@@ -8,12 +8,15 @@ same numbers, and their results are compared in one layout.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import jax
 import numpy as np
 
 from reference_models.config import DecoderConfig
 from reference_models.decoder import PipelineLayout, layer_stacks, pipeline_layout
+from shardscope.stages.state import path_of
 
 # A parameter-shaped tree (the parameters, a gradient, an optimizer moment): nested dicts of arrays.
 ParamTree = Any
@@ -45,8 +48,6 @@ def to_case_layout(config: DecoderConfig, tree: ParamTree) -> ParamTree:
         lead = (layout.repeats, *lead) if layout.repeats > 1 else lead
         return leaf.reshape(*lead, *leaf.shape[1:])
 
-    import jax  # lazy: the tree utilities
-
     blocks = jax.tree.map(split, layers)
     axis = 2 if layout.repeats > 1 else 1  # the per-visit index
     if layout.per_visit == 1:
@@ -77,16 +78,12 @@ def to_stacked(config: DecoderConfig, tree: ParamTree) -> ParamTree:
         leaf = leaf.reshape(-1, *leaf.shape[axis + 1 :])  # [layers, …] in their order
         return np.moveaxis(leaf, 0, 1)
 
-    import jax  # lazy: the tree utilities
-
     decoder[name] = jax.tree.map(join, *per_layer)
     return {key: ({**decoder} if key == "decoder" else tree[key]) for key in tree}
 
 
 def stacked_config(config: DecoderConfig) -> DecoderConfig:
     """The same model stacked as a scan stacks it (no pipeline layout): where both sides' numbers come from."""
-    import dataclasses
-
     return dataclasses.replace(config, pipeline_stages=0, pipeline_repeats=1)
 
 
@@ -96,10 +93,6 @@ def corresponding_paths(source: DecoderConfig, target: DecoderConfig, params: Pa
     `params`: the parameters (arrays or shapes) in `source`'s layout. Every source leaf is filled with its own
     number and moved as values are, so the mapping is what the moves do, not a second copy of their rules.
     """
-    import jax  # lazy: the tree utilities
-
-    from shardscope.stages.state import path_of
-
     leaves, tree = jax.tree_util.tree_flatten_with_path(params)
     names = [path_of(key_path) for key_path, _ in leaves]
     numbered = jax.tree_util.tree_unflatten(

@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+
 # Iterations of a scan body walked one by one; a longer scan's growth per iteration is extrapolated (it is
 # the same every iteration once the carry's worst path runs through the body).
 SCAN_ITERATIONS_WALKED = 3
@@ -76,8 +79,7 @@ def read_program(closed_jaxpr: Any, inputs: Sequence[Precision] | None = None) -
 
 
 def _eps(aval: Any) -> float:
-    import jax.numpy as jnp  # lazy: numpy's own finfo does not know bfloat16 or the float8 types
-
+    # JAX's finfo and issubdtype: numpy's own do not know bfloat16 or the float8 types.
     dtype = getattr(aval, "dtype", None)
     if dtype is None:
         return 0.0
@@ -93,8 +95,6 @@ def _own(var: Any, reading: Precision) -> Precision:
 
 
 def _walk(jaxpr: Any, inputs: Sequence[Precision], axis_sizes: Mapping[str, int]) -> list[Precision]:
-    from jax.extend.core import Literal  # lazy: JAX loads where a program is read
-
     env: dict[Any, Precision] = dict(zip(jaxpr.invars, inputs, strict=True))
     for var in jaxpr.constvars:
         env[var] = _own(var, EXACT)
@@ -168,8 +168,6 @@ def _reduced(eqn: Any, axis_sizes: Mapping[str, int]) -> float:
 
 
 def _programs(value: Any) -> list[Any]:
-    from jax.extend.core import ClosedJaxpr, Jaxpr  # lazy: JAX loads where a program is read
-
     values = value if isinstance(value, tuple | list) else (value,)
     return [v for v in values if isinstance(v, ClosedJaxpr | Jaxpr)]
 

@@ -12,13 +12,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 
 from shardscope.case.resolve import Case
 from shardscope.case.rules import Spec
-from shardscope.stages.compile import CompiledStep
+from shardscope.extract.tensors import normalize_spec, spec_of
+from shardscope.stages.compile import CompiledStep, compile_case, compile_one_device
+from shardscope.stages.state import path_of
+from shardscope.stages.train_step import make_optimizer
 from shardscope.verify.inputs import StartingPoint
-from shardscope.verify.layout import ParamTree, corresponding_paths, to_case_layout, to_stacked
+from shardscope.verify.layout import ParamTree, corresponding_paths, same_layout, to_case_layout, to_stacked
 from shardscope.verify.program import EXACT, Precision, ProgramReading, read_program
 
 # A side's label for where its tensors live when it runs on one device.
@@ -50,8 +54,6 @@ class SideRun:
 def train_output_path(key_path: Sequence[Any]) -> str:
     """A train step's output (state, metrics) by plan path: `params/…`, `opt_state/…`, `loss`, and a
     gradient as the plan names it, `grads/params/…`."""
-    from shardscope.stages.state import path_of  # lazy: JAX loads where a verification runs
-
     path = path_of(key_path[1:])
     return "grads/params/" + path.removeprefix("grads/") if path.startswith("grads/") else path
 
@@ -81,10 +83,6 @@ def _initial_state(case: Case, start: StartingPoint) -> dict[str, Any]:
     """The state a side starts from, on the host: the parameters in its layout, and AdamW's initial state,
     which is all zeros (its counts and moments), made from its shapes: run op by op, the optimizer's own
     init compiles a program per parameter shape."""
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.stages.train_step import make_optimizer
-
     params = to_case_layout(case.model, start.params)
     shapes = jax.eval_shape(make_optimizer(case.model.mu_dtype).init, params)
     return {"params": params, "opt_state": jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)}
@@ -98,8 +96,6 @@ def _run_steps(
     start: StartingPoint,
 ) -> list[Any]:
     """Runs the compiled train step from the starting point, one batch a step; each step's outputs on the host."""
-    import jax  # lazy: JAX loads where a verification runs
-
     state = place_state(_initial_state(case, start))
     results = []
     for batch in start.batches:
@@ -109,8 +105,6 @@ def _run_steps(
 
 
 def _flat(outputs: Any) -> tuple[tuple[str, ...], tuple[np.ndarray, ...]]:
-    import jax  # lazy: JAX loads where a verification runs
-
     leaves = jax.tree_util.tree_flatten_with_path(outputs)[0]
     return tuple(train_output_path(key_path) for key_path, _ in leaves), tuple(value for _, value in leaves)
 
@@ -118,8 +112,6 @@ def _flat(outputs: Any) -> tuple[tuple[str, ...], tuple[np.ndarray, ...]]:
 def _side_run(label: str, results: list[Any], jaxpr: Any, relayout: Relayout | None, **extra: Any) -> SideRun:
     """A train step's side: its outputs by path (moved to the compared layout), and its program's readings,
     which are per output of its own layout (moved likewise: a moved leaf takes the worst of its sources)."""
-    import jax  # lazy: JAX loads where a verification runs
-
     own_paths, _ = _flat(results[0])
     state_leaves = len(jax.tree.leaves(results[0][0]))
     readings = _readings(jaxpr, len(results), state_leaves)
@@ -158,11 +150,6 @@ def run_case(case: Case, start: StartingPoint, label: str, compare_in: Case | No
 
     `compare_in`: the case whose parameter layout the results are compared in, when it is not this one's.
     """
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.extract.tensors import normalize_spec
-    from shardscope.stages.compile import compile_case
-
     step = compile_case(case, with_grads=True)
     results = _run_steps(
         step.compiled,
@@ -196,10 +183,6 @@ def _output_paths_map(params: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[
 
 def run_one_device(case: Case, start: StartingPoint, device: Any) -> SideRun:
     """The case's train step on `device` alone, unsharded, run for every batch of the starting point."""
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.stages.compile import compile_one_device
-
     step = compile_one_device(case, device)
     place = lambda tree: jax.device_put(tree, device)  # noqa: E731
     results = _run_steps(step.compiled, place, place, case, start)
@@ -207,8 +190,6 @@ def run_one_device(case: Case, start: StartingPoint, device: Any) -> SideRun:
 
 
 def _relayout(case: Case, compare_in: Case | None) -> Relayout | None:
-    from shardscope.verify.layout import same_layout
-
     if compare_in is None or same_layout(case.model, compare_in.model):
         return None
     return lambda tree: to_case_layout(compare_in.model, to_stacked(case.model, tree))
@@ -216,18 +197,12 @@ def _relayout(case: Case, compare_in: Case | None) -> Relayout | None:
 
 def output_path(key_path: Sequence[Any]) -> str:
     """A program's output by path: `outputs/0/w` (a lone value: `outputs`)."""
-    from shardscope.stages.state import path_of  # lazy: JAX loads where a verification runs
-
     path = path_of(key_path)
     return f"outputs/{path}" if path else "outputs"
 
 
 def run_program(label: str, compiled: Any, jaxpr: Any, args: Sequence[Any], mesh: Any) -> SideRun:
     """A compiled program of one's own run once on its arguments; its outputs on the host by path."""
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.extract.tensors import normalize_spec, spec_of
-
     with jax.set_mesh(mesh):
         outputs = compiled(*args)
     leaves = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, outputs))[0]

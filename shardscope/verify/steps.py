@@ -11,11 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from shardscope.case.topology import Topology
 from shardscope.errors import ShardscopeError
-from shardscope.stages.user_step import StepError, StepRef
+from shardscope.stages.state import path_of
+from shardscope.stages.user_step import (
+    StepError,
+    StepRef,
+    call_step_function,
+    compile_traced_step,
+    one_line,
+    topology_devices,
+)
 from shardscope.verify.compare import compare_runs
 from shardscope.verify.records import VerifyReport
 from shardscope.verify.run import ONE_DEVICE, SideRun, run_program
@@ -28,10 +37,6 @@ def check_concrete(args: Sequence[Any], ref: StepRef) -> None:
     Raises:
       StepError: the first abstract argument, by path.
     """
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.stages.state import path_of
-
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(tuple(args))[0]:
         if isinstance(leaf, jax.ShapeDtypeStruct):
             raise StepError(
@@ -46,10 +51,6 @@ Snapshot = list[tuple[str, np.ndarray]]
 
 def snapshot(args: Sequence[Any]) -> Snapshot:
     """The arguments' values on the host, by path."""
-    import jax  # lazy: JAX loads where a verification runs
-
-    from shardscope.stages.state import path_of
-
     return [(path_of(p), np.asarray(leaf)) for p, leaf in jax.tree_util.tree_flatten_with_path(tuple(args))[0]]
 
 
@@ -75,8 +76,6 @@ def _mesh_label(mesh: Any) -> str:
 
 
 def _run(step: Any, args: Sequence[Any], mesh: Any, ref: StepRef, label: str) -> SideRun:
-    from shardscope.stages.user_step import compile_traced_step, one_line
-
     try:
         compiled, jaxpr = compile_traced_step(step, args, mesh)
         return run_program(label, compiled, jaxpr, args, mesh)
@@ -93,8 +92,6 @@ def verify_step_function(function: Callable[..., Any], ref: StepRef, topology: T
       StepError: what the protocol rules out, abstract arguments, arguments that differ between the calls, a
         step that fails to run (its first line).
     """
-    from shardscope.stages.user_step import call_step_function, topology_devices
-
     if topology.platform != "cpu":
         raise ShardscopeError(f"verify runs real steps on fake CPU devices: use --topology cpu-N, not {topology.name}")
     devices = topology_devices(topology)
