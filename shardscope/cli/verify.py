@@ -10,11 +10,11 @@ import typer
 
 from shardscope.cli.app import JsonOption, MeshOption, PresetOption, app, fail, quiet_compiler_logs
 from shardscope.errors import ShardscopeError, unknown_name
+from shardscope.verify.records import AGAINST_ONE_DEVICE as ONE_DEVICE
 
 if TYPE_CHECKING:
     from shardscope.verify.records import VerifyReport
 
-ONE_DEVICE = "one-device"  # as `shardscope.verify.cases.ONE_DEVICE`, without importing it on --help
 DEFAULT_STEPS = 2
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from shardscope.errors import ShardscopeError, unknown_name
+from shardscope.verify.records import AGAINST_ONE_DEVICE
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
@@ -32,7 +33,7 @@ _CASE_KEYS = (
     "verify",
 )
 # What `verify:` takes besides another case's name: the case's own step on one device.
-ONE_DEVICE = "one-device"
+ONE_DEVICE = AGAINST_ONE_DEVICE
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 

@@ -19,8 +19,6 @@ from shardscope.verify.records import VerifyReport
 from shardscope.verify.run import SideRun, run_case, run_one_device
 from shardscope.verify.verdict import build_report
 
-# What `--against` takes for the single-device reference.
-ONE_DEVICE = "one-device"
 DEFAULT_STEPS = 2
 
 

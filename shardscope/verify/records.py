@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEMA = "shardscope.verify/1"
+# What `--against` (and a golden case's `verify:`) takes for the single-device reference.
+AGAINST_ONE_DEVICE = "one-device"
 # What a compared tensor is, in the order a train step computes them (a program's outputs are `output`).
 KINDS = ("loss", "gradient", "parameter", "first moment", "second moment", "state", "output")
 
