@@ -10,15 +10,18 @@ The package is the pipeline; each folder imports only from the folders listed be
 it so):
 
     cli/         the command line: typer app, shared options, one thin file per command
-    report/      a plan, diff, comparison, check or ranking rendered: terminal, HTML (jinja2), Markdown
+    report/      a plan, diff, comparison, check, ranking or verification rendered: terminal, HTML, Markdown
     advise/      the best sharding searched: candidates, pruning, ranking, the sweep
     golden/      plans made end to end and guarded: planning through the plan cache, goldens, check and
-                 update, runners (processes, Ray)
+                 update (and the cases' numerics, `verify:`), runners (processes, Ray)
     diff/        Plan × Plan → typed changes, grouping, JSON; several plans side by side
     lint/        findings from a Plan
     cost/        a Plan priced on a TPU: layout, collective and compute time, memory, the estimate
+    verify/      real steps under two shardings (or one and a single device) compared: tolerances read from
+                 the step's program, divergences placed on the plan's collectives
     extract/     a compiled or traced step (or a MaxText dump) → Plan: tensors, collectives, memory, work
-    stages/      devices, abstract state, train step, trace → lower → compile, a user's own step
+    stages/      devices, abstract state, train step, trace → lower → compile, a user's own step, real
+                 initial parameters
     plan/        the Plan record, its JSON, pandas frames, totals and units
     case/        what to plan: models, presets and rules, settings, topologies, TPU generations, explain
     hlo/         HLO text → instructions, collectives, loop trips, work per instruction

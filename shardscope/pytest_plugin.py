@@ -2,7 +2,8 @@
 
 Installed as a pytest plugin (entry point `shardscope`). A failing golden prints the change table, not a
 checksum; `pytest --shardscope-update` rewrites the goldens instead of failing. A missing golden fails
-and says how to create it.
+and says how to create it. `shardscope_golden.verify_step(make_step)` checks a program's numbers instead:
+on the topology's devices against one device.
 
 When asked, before any test file or conftest imports JAX, the plugin gives it a pool of fake CPU devices to
 build meshes on: `--shardscope-devices N` (or `shardscope_devices = N` in the ini file) sets
@@ -159,6 +160,28 @@ class GoldenChecker:
         else:
             plan = plan_step_function(step, target, name or path.stem)
         self.check_plan(plan, path)
+
+    def verify_step(self, step: Any, topology: str = "cpu-8") -> Any:
+        """Runs a program of one's own on `topology`'s devices and on one device and fails the test, with the
+        divergences in the order the step computes them, unless its outputs agree within their tolerances
+        (`shardscope verify --step`). `step` is a `make_step` function or its "module:function" name;
+        returns the report."""
+        # lazy: the plugin loads with every pytest run
+        from shardscope.case.topology import get_topology
+        from shardscope.report.verify import verify_lines
+        from shardscope.stages.user_step import StepRef, load_step_function, parse_step_ref
+        from shardscope.verify.steps import verify_step_function
+
+        if isinstance(step, str):
+            ref = parse_step_ref(step)
+            function = load_step_function(ref)
+        else:
+            ref = StepRef(getattr(step, "__module__", "?"), getattr(step, "__name__", "make_step"))
+            function = step
+        report = verify_step_function(function, ref, get_topology(topology))
+        if not report.same:
+            pytest.fail("\n".join(verify_lines(report)), pytrace=False)
+        return report
 
 
 def diff_text(diff: Any) -> str:

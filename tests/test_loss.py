@@ -12,6 +12,7 @@ from conftest import PRESETS, TINY_MODELS
 from reference_models.decoder import Transformer, layer_stacks, pipeline_layout
 from shardscope.case import resolve_case
 from shardscope.stages.train_step import make_optimizer, make_train_step
+from shardscope.verify.layout import same_layout, stacked_config, to_case_layout, to_stacked
 
 # float32 everywhere; sharded reductions sum in a different order, nothing more.
 LOSS_RTOL = 1e-5
@@ -90,63 +91,18 @@ def assert_same_step(step, state, batch, reference):
     assert worst < GRAD_RTOL_OF_MAX
 
 
-def _pipeline_layout(case):
-    stack = layer_stacks(case.model)[-1]
-    return stack, pipeline_layout(case.model, stack)
-
-
 def in_case_layout(case, state):
     """A state of the stacked (single-device) model in the layout the case's model keeps (a pipelined case's:
     MaxText's, where parameter [r, s] (its `layers_j`) is layer (r · stages + s) · per_visit + j)."""
-    stack, layout = _pipeline_layout(case)
-    if layout is None:
+    if same_layout(case.model, stacked_config(case.model)):
         return state
-
-    def convert(tree):
-        decoder = dict(tree["decoder"])
-        layers = decoder.pop(stack.name)
-
-        def split(leaf):
-            leaf = np.moveaxis(np.asarray(leaf), 1, 0)  # [layers, …]
-            lead = (layout.stages, layout.per_visit)
-            lead = (layout.repeats, *lead) if layout.repeats > 1 else lead
-            return leaf.reshape(*lead, *leaf.shape[1:])
-
-        blocks = jax.tree.map(split, layers)
-        axis = 2 if layout.repeats > 1 else 1  # the per-visit index
-        if layout.per_visit == 1:
-            decoder["pipeline_module"] = {"layers": jax.tree.map(lambda b: np.take(b, 0, axis=axis), blocks)}
-        else:
-            decoder["pipeline_module"] = {
-                "layers": {
-                    f"layers_{j}": jax.tree.map(lambda b, j=j: np.take(b, j, axis=axis), blocks)
-                    for j in range(layout.per_visit)
-                }
-            }
-        return {**tree, "decoder": decoder}
-
-    params = convert(state["params"])
+    params = to_case_layout(case.model, state["params"])
     return {"params": params, "opt_state": make_optimizer().init(params)}
 
 
 def stacked(case, tree):
     """The inverse of `in_case_layout` for one tree (params or a moment of them)."""
-    stack, layout = _pipeline_layout(case)
-    if layout is None:
-        return tree
-    decoder = dict(tree["decoder"])
-    blocks = decoder.pop("pipeline_module")["layers"]
-    per_layer = [blocks] if layout.per_visit == 1 else [blocks[f"layers_{j}"] for j in range(layout.per_visit)]
-    axis = 2 if layout.repeats > 1 else 1
-
-    def join(*leaves):
-        leaf = np.stack([np.asarray(x) for x in leaves], axis=axis)  # [(repeats,) stages, per_visit, …]
-        leaf = leaf.reshape(-1, *leaf.shape[axis + 1 :])  # [layers, …] in their order
-        return np.moveaxis(leaf, 0, 1)
-
-    decoder[stack.name] = jax.tree.map(join, *per_layer)
-    order = list(tree)
-    return {key: ({**decoder} if key == "decoder" else tree[key]) for key in order}
+    return to_stacked(case.model, tree)
 
 
 # Circular pipelines (each stage visited twice, one layer a visit), Explicit and Auto, with the remat

@@ -23,6 +23,7 @@ COMMANDS = (
     "compare",
     "lint",
     "why",
+    "verify",
     "maxtext",  # import-maxtext
     "table",
 )

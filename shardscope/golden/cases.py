@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from shardscope.errors import ShardscopeError, unknown_name
+from shardscope.verify.records import AGAINST_ONE_DEVICE
 
 DEFAULT_GOLDEN_DIR = Path("golden")
 MANIFEST = "cases.yaml"
@@ -30,8 +31,11 @@ _CASE_KEYS = (
     "maxtext",
     "maxtext_path",
     "step",
+    "verify",
 )
 MAXTEXT_PREFIX = "maxtext:"
+# What `verify:` takes besides another case's name: the case's own step on one device.
+ONE_DEVICE = AGAINST_ONE_DEVICE
 _NAME = re.compile(r"[A-Za-z0-9_.=,@+-]+")
 
 
@@ -50,6 +54,9 @@ class GoldenCase:
     maxtext: str = ""  # MaxText's command-line keys, as --maxtext takes them
     step: str = ""  # a program of one's own (`module:function`, see shardscope.step); model is then its name
     maxtext_path: str = ""  # a `maxtext:` model's MaxText checkout ("": the installed package)
+    # `check` also runs the case's steps for real against this: "one-device", or another case (its name or
+    # model/topology/name) of the same model and topology; "" verifies nothing.
+    verify: str = ""
 
     @property
     def is_maxtext(self) -> bool:
@@ -101,7 +108,41 @@ def load_manifest(root: Path) -> tuple[GoldenCase, ...]:
         if case.case_id in seen:
             raise ShardscopeError(f"{path}: cases {seen[case.case_id]} and {index} share the golden {case.case_id}")
         seen[case.case_id] = index
+    for index, case in enumerate(cases):
+        if case.verify:
+            verified_against(case, cases, f"{path}: cases[{index}]")
     return cases
+
+
+def verified_against(case: GoldenCase, cases: Sequence[GoldenCase], where: str = "") -> GoldenCase | None:
+    """The case `case.verify` names (None: one device).
+
+    Raises:
+      ShardscopeError: a name no case has, the case itself, a case of another model or topology, or a
+        program of one's own verified against anything but one device.
+    """
+    where = f"{where}: " if where else ""
+    if case.maxtext:
+        raise ShardscopeError(f"{where}verify runs the reference models' steps, not MaxText's (drop 'verify')")
+    if case.verify == ONE_DEVICE:
+        return None
+    if case.step:
+        raise ShardscopeError(f"{where}a step case verifies against {ONE_DEVICE} only, not {case.verify!r}")
+    alike = [other for other in cases if (other.model, other.topology) == (case.model, case.topology)]
+    named = {other.case_id: other for other in cases} | {other.stem: other for other in alike}
+    if case.verify not in named:
+        raise ShardscopeError(
+            f"{where}verify: {unknown_name('case', case.verify, [ONE_DEVICE, *sorted(named)]).args[0]}"
+        )
+    other = named[case.verify]
+    if other is case or other.case_id == case.case_id:
+        raise ShardscopeError(f"{where}verify: a case cannot be verified against itself")
+    if (other.model, other.topology) != (case.model, case.topology) or other.step or other.maxtext:
+        raise ShardscopeError(
+            f"{where}verify: {other.case_id} is not a case of {case.model} on {case.topology}; verify compares "
+            "one model's step under two shardings"
+        )
+    return other
 
 
 def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None = None) -> GoldenCase:
@@ -136,6 +177,7 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
         hardware=None if hardware is None else str(hardware),
         efficiency=None if efficiency is None else float(efficiency),
         maxtext=str(item.get("maxtext", "")),
+        verify=str(item.get("verify", "")),
     )
     if not case.stem:
         raise ShardscopeError(f"{where}: a case without a preset needs a 'name' for its golden")
@@ -161,7 +203,7 @@ def _parse_step_case(item: dict[str, Any], path: Path, where: str, default_hardw
     A step given as a file (`steps/train.py:make_step`) is found relative to the golden directory, as preset
     files are; a module (`my_pkg.steps:make_step`) is imported from the working directory.
     """
-    extra = sorted(set(item) - {"step", "name", "topology", "hardware", "efficiency"})
+    extra = sorted(set(item) - {"step", "name", "topology", "hardware", "efficiency", "verify"})
     if extra:
         raise ShardscopeError(f"{where}: a step case brings its own mesh and shardings; {extra[0]!r} does not apply")
     if not item.get("name"):
@@ -180,6 +222,7 @@ def _parse_step_case(item: dict[str, Any], path: Path, where: str, default_hardw
         step=step,
         hardware=None if hardware is None else str(hardware),
         efficiency=None if efficiency is None else float(efficiency),
+        verify=str(item.get("verify", "")),
     )
     for part in (case.model, case.topology):
         if not _NAME.fullmatch(part):

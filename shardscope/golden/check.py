@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ from shardscope.errors import PlanError
 from shardscope.golden.cases import GoldenCase
 from shardscope.golden.runner import dump_cases
 from shardscope.golden.store import golden_path, load_golden, orphan_goldens, read_golden_text, write_golden
+from shardscope.golden.verifying import Verification
 from shardscope.golden.worker import DumpResult, resolve_golden_case
 from shardscope.plan.json import plan_from_json
+from shardscope.verify.records import VerifyReport, report_to_json
 
 # Called once per finished case (the CLI advances its progress bar).
 Progress = Callable[[DumpResult], None]
@@ -30,10 +33,13 @@ class CaseOutcome:
     """The verdict for one golden case (or one orphaned golden file)."""
 
     case_id: str
-    status: str  # "same", "changed", "missing", "orphan", "error", "skipped", "created", "updated", "unchanged"
+    # "same", "changed", "missing", "orphan", "error", "skipped", "created", "updated", "unchanged"; a case's
+    # `verify:` is an outcome of its own, "verified" or "diverged" (or "error").
+    status: str
     path: Path
     diff: PlanDiff | None = None
     message: str = ""
+    verify: VerifyReport | None = None
 
 
 def outcome_to_json(outcome: CaseOutcome) -> dict[str, Any]:
@@ -45,6 +51,7 @@ def outcome_to_json(outcome: CaseOutcome) -> dict[str, Any]:
         "golden": str(outcome.path),
         "message": outcome.message,
         "diff": diff_to_json(outcome.diff) if outcome.diff is not None and not outcome.diff.same else None,
+        "verify": json.loads(report_to_json(outcome.verify)) if outcome.verify is not None else None,
     }
 
 
@@ -131,7 +138,27 @@ def check_goldens(
             continue
         diff = diff_plans(plan_from_json(golden, str(path)), plan_from_json(result.plan_json, result.case.case_id))
         outcomes.append(CaseOutcome(result.case.case_id, "same" if diff.same else "changed", path, diff))
+    from shardscope.golden.verifying import verify_golden_cases  # lazy: loads JAX, only for `verify:` cases
+
+    for verification in verify_golden_cases(runnable, whole_set or cases):
+        outcomes.append(verification_outcome(verification, golden_path(root, verification.case)))
     return tuple(sorted(outcomes, key=lambda o: o.case_id))
+
+
+def verification_outcome(verification: Verification, path: Path) -> CaseOutcome:
+    """A case's `verify:` as a row of its own: verified, diverged (with the first diverging tensor), or error."""
+    case_id = f"{verification.case.case_id} verify {verification.case.verify}"
+    report = verification.report
+    if report is None:
+        return CaseOutcome(case_id, "error", path, message=verification.error or "")
+    if report.same:
+        return CaseOutcome(case_id, "verified", path, message=f"{report.checked} tensor checks", verify=report)
+    first = report.divergences[0].check
+    message = (
+        f"{len(report.divergences)} of {report.checked} tensor checks diverged, first {first.tensor} at step "
+        f"{first.step} (max rel error {first.max_rel_error:.2g}); see where: {verification.command}"
+    )
+    return CaseOutcome(case_id, "diverged", path, message=message, verify=report)
 
 
 def outcome_diff(outcome: CaseOutcome) -> PlanDiff | None:
@@ -195,18 +222,24 @@ class CheckSummary:
 
     def failed(self, require_all: bool) -> bool:
         """Whether the check fails: anything not the same, or with --require-all a case it could not run."""
-        bad = sum(self.count(s) for s in ("changed", "missing", "orphan", "error"))
+        bad = sum(self.count(s) for s in ("changed", "missing", "orphan", "error", "diverged"))
         return bad > 0 or (require_all and self.count("skipped") > 0)
 
 
-STATUS_ORDER = ("same", "changed", "missing", "orphan", "error", "skipped")
+STATUS_ORDER = ("same", "changed", "missing", "orphan", "error", "skipped", "verified", "diverged")
+# A case's `verify:` row: counted apart from the cases.
+VERIFY_STATUSES = ("verified", "diverged")
 
 
 def check_summary(outcomes: Sequence[CaseOutcome], root: Path) -> CheckSummary:
     """Counts the outcomes and says how to accept changes, create missing goldens, or run skipped cases."""
     counts = tuple((status, n) for status in STATUS_ORDER if (n := sum(o.status == status for o in outcomes)))
-    cases = sum(n for status, n in counts if status != "orphan")
-    line = f"{cases} case{'' if cases == 1 else 's'}: " + ", ".join(f"{n} {status}" for status, n in counts)
+    verified = [(status, n) for status, n in counts if status in VERIFY_STATUSES]
+    plans = [(status, n) for status, n in counts if status not in VERIFY_STATUSES]
+    cases = sum(n for status, n in plans if status != "orphan")
+    line = f"{cases} case{'' if cases == 1 else 's'}: " + ", ".join(f"{n} {status}" for status, n in plans)
+    if verified:
+        line += "; numerics: " + ", ".join(f"{n} {status}" for status, n in verified)
     golden = "" if root == Path("golden") else f" --golden {root}"
     hints = []
     to_update = [o.case_id for o in outcomes if o.status in ("changed", "missing")]
@@ -217,4 +250,5 @@ def check_summary(outcomes: Sequence[CaseOutcome], root: Path) -> CheckSummary:
         hints.append(f"no case owns {', '.join(orphans)}: delete it or add its case to cases.yaml")
     if any(o.status == "skipped" for o in outcomes):
         hints.append(f"skipped cases compile for TPU, which needs libtpu: {TPU_EXTRA_HINT}")
+
     return CheckSummary(counts=counts, line=line, hints=tuple(hints))

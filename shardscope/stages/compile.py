@@ -24,7 +24,14 @@ from shardscope.case.rules import Indivisible
 from shardscope.errors import MemoryExhaustedError, ShardscopeError
 from shardscope.stages.compiler_log import capture_compiler_log
 from shardscope.stages.devices import build_mesh
-from shardscope.stages.state import AbstractState, LogicalAxes, abstract_state, check_divisible, resolver
+from shardscope.stages.state import (
+    AbstractState,
+    LogicalAxes,
+    abstract_state,
+    check_divisible,
+    resolver,
+    unplaced_state,
+)
 from shardscope.stages.train_step import make_loss, make_train_step
 
 
@@ -38,6 +45,7 @@ class LoweredStep:
     lowered: Any
     activations: tuple[ActivationRecord, ...]
     resolved: frozenset[LogicalAxes] = frozenset()
+    jaxpr: Any = None  # the traced program (a ClosedJaxpr), kept only for a step that runs (`with_grads`)
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class CompiledStep:
     resolved: frozenset[LogicalAxes] = frozenset()
     compiler_log: str = ""  # what the compiler wrote to stderr while compiling (its warnings)
     compiler_log_visible: bool = field(default=True)  # whether its warnings could reach stderr at all
+    jaxpr: Any = None  # the traced program (a ClosedJaxpr), kept only for a step that runs (`with_grads`)
 
 
 def sharding_context_for(
@@ -144,8 +153,12 @@ def trace_case(case: Case, lenient: bool = False) -> TracedStep:
     return TracedStep(case, mesh, abstract, tuple(context.records), out_info, resolved, indivisible, stopped)
 
 
-def lower_case(case: Case) -> LoweredStep:
+def lower_case(case: Case, with_grads: bool = False) -> LoweredStep:
     """Traces and lowers the train step of a case on its mesh: every tensor's sharding, no compile.
+
+    `with_grads`: the step also returns its gradients (`metrics["grads"]`, stored as the parameters are,
+    where the update reads them, so the compiler's collectives stay the plan's), and the traced program is
+    kept (`LoweredStep.jaxpr`): what `shardscope verify` runs and reads.
 
     Raises:
       ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
@@ -154,27 +167,32 @@ def lower_case(case: Case) -> LoweredStep:
     mesh = build_mesh(case.topology, case.mesh, case.preset.shard_mode == "explicit", case.dcn_axis)
     abstract = abstract_state(case, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
+    metrics: dict[str, Any] = {"loss": replicated}
+    if with_grads:
+        metrics["grads"] = abstract.state_shardings["params"]
     step = jax.jit(
-        make_train_step(case, abstract.zero1),
+        make_train_step(case, abstract.zero1, with_grads),
         in_shardings=(abstract.state_shardings, abstract.batch_shardings),
-        out_shardings=(abstract.state_shardings, {"loss": replicated}),
+        out_shardings=(abstract.state_shardings, metrics),
         donate_argnums=0,
     )
     context = sharding_context_for(case, mesh)
     # Explicit axes make shardings part of array types, which needs the mesh in context while tracing.
     with sharding_context(context), jax.set_mesh(mesh):
-        lowered = step.lower(abstract.state, abstract.batch)
-    return LoweredStep(case, mesh, abstract, lowered, tuple(context.records), frozenset(context.resolved))
+        traced = step.trace(abstract.state, abstract.batch)
+        lowered = traced.lower()
+    jaxpr = traced.jaxpr if with_grads else None
+    return LoweredStep(case, mesh, abstract, lowered, tuple(context.records), frozenset(context.resolved), jaxpr)
 
 
-def compile_case(case: Case) -> CompiledStep:
-    """Lowers and compiles the train step of a case on its mesh.
+def compile_case(case: Case, with_grads: bool = False) -> CompiledStep:
+    """Lowers and compiles the train step of a case on its mesh (`with_grads`: as `lower_case`).
 
     Raises:
       ShardingError: a parameter, input or activation dimension its mesh axes do not divide.
       MeshError: the mesh needs more devices than this process has.
     """
-    step = lower_case(case)
+    step = lower_case(case, with_grads)
     options = compiler_options_for(case)
     try:
         # The compiler's warnings (involuntary rematerialisation, …) are read by lints.
@@ -213,4 +231,26 @@ def compile_case(case: Case) -> CompiledStep:
         step.resolved,
         log.text,
         log.visible,
+        step.jaxpr,
     )
+
+
+@dataclass(frozen=True)
+class OneDeviceStep:
+    """A case's train step compiled for one device with no mesh and no constraints (the models run unsharded
+    outside a sharding context), returning its gradients too: what a sharded step is verified against."""
+
+    case: Case
+    device: Any
+    compiled: Any
+    jaxpr: Any  # the traced program (a ClosedJaxpr)
+
+
+def compile_one_device(case: Case, device: Any) -> OneDeviceStep:
+    """The case's train step (with its gradients as outputs) traced, lowered and compiled for `device` alone."""
+    state, batch = unplaced_state(case)
+    step = jax.jit(make_train_step(case, with_grads=True), donate_argnums=0)
+    with jax.default_device(device):
+        traced = step.trace(state, batch)
+        compiled = traced.lower().compile(compiler_options=compiler_options_for(case))
+    return OneDeviceStep(case, device, compiled, traced.jaxpr)

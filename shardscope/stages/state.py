@@ -136,6 +136,14 @@ def _abstract_train_state(model_config: DecoderConfig, batch_shape: tuple[int, i
     return nn.unbox(boxed_state), nn.get_partition_spec(boxed_state)
 
 
+def unplaced_state(case: Case) -> tuple[Any, Any]:
+    """(state, batch) of ShapeDtypeStruct with no shardings: the step on one device, unsharded."""
+    batch_shape = (case.global_batch, case.model.seq_len)
+    state, _ = _abstract_train_state(case.model, batch_shape)
+    tokens = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
+    return state, {"tokens": tokens, "targets": tokens}
+
+
 def abstract_state(case: Case, mesh: jax.sharding.Mesh, found: list[Indivisible] | None = None) -> AbstractState:
     """Abstract params + AdamW state + batch, with shardings resolved from the preset's rules.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -14,12 +15,31 @@ from reference_models.vocab_tiling import gathered_over_fsdp, split_over_fsdp, t
 from shardscope.case.resolve import Case
 
 
+@dataclass(frozen=True)
+class AdamW:
+    """The optimizer's settings (what `verify` needs to know how a gradient's rounding reaches the update)."""
+
+    learning_rate: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
+ADAMW = AdamW()
+
+
 def make_optimizer(mu_dtype: str = "") -> optax.GradientTransformation:
     """AdamW with a learning-rate schedule, as MaxText builds it: its state is (Adam's count, mu, nu),
     weight decay's (empty), the schedule's count — the same tree MaxText's optimizer state has. `mu_dtype`:
     the first moment's dtype (MaxText's `mu_dtype`; "": the parameters')."""
     return optax.adamw(
-        learning_rate=optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1, mu_dtype=mu_dtype or None
+        learning_rate=optax.constant_schedule(ADAMW.learning_rate),
+        b1=ADAMW.b1,
+        b2=ADAMW.b2,
+        eps=ADAMW.eps,
+        weight_decay=ADAMW.weight_decay,
+        mu_dtype=mu_dtype or None,
     )
 
 
@@ -45,7 +65,7 @@ def make_loss(case: Case):
     return loss_of
 
 
-def make_train_step(case: Case, zero1: tuple[Any, Any] | None = None):
+def make_train_step(case: Case, zero1: tuple[Any, Any] | None = None, with_grads: bool = False):
     """Forward, next-token loss, gradients and an AdamW update: the step that gets sharded.
 
     `zero1`: (the parameters' shardings by the rules, their stored shardings). The parameters are stored
@@ -72,6 +92,7 @@ def make_train_step(case: Case, zero1: tuple[Any, Any] | None = None):
             grads = placed(grads, stored)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        return {"params": params, "opt_state": opt_state}, {"loss": loss}
+        metrics = {"loss": loss, "grads": grads} if with_grads else {"loss": loss}
+        return {"params": params, "opt_state": opt_state}, metrics
 
     return train_step

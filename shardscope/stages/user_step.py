@@ -163,3 +163,13 @@ def compile_step(step: Any, args: Sequence[Any], mesh: Any) -> Any:
 
     with jax.set_mesh(mesh):
         return step.lower(*args).compile()
+
+
+def compile_traced_step(step: Any, args: Sequence[Any], mesh: Any) -> tuple[Any, Any]:
+    """As `compile_step`, keeping the traced program too: (compiled, its ClosedJaxpr), what `verify` runs
+    and reads."""
+    import jax  # lazy: JAX starts only once the device pool is sized
+
+    with jax.set_mesh(mesh):
+        traced = step.trace(*args)
+        return traced.lower().compile(), traced.jaxpr

@@ -1,0 +1,148 @@
+"""`shardscope verify MODEL --preset A [--against B|one-device]` (or `--step FILE.py:make_step`): real steps on
+fake CPU devices under two shardings, compared tensor by tensor; exit 0 same, 1 diverged, 2 bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from shardscope.cli.app import JsonOption, MeshOption, PresetOption, app, fail, quiet_compiler_logs
+from shardscope.errors import ShardscopeError, unknown_name
+from shardscope.verify.records import AGAINST_ONE_DEVICE as ONE_DEVICE
+
+if TYPE_CHECKING:
+    from shardscope.verify.records import VerifyReport
+
+DEFAULT_STEPS = 2
+
+
+# The command's help: typer keeps a docstring's line breaks, so each paragraph is one string.
+HELP = "\n\n".join(
+    (
+        "Run real training steps on fake CPU devices under two shardings (or one and a single device) and compare "
+        "them: each step's loss, every gradient, every updated parameter and AdamW moment.",
+        "Both sides start from the same parameters (the model initialised from a fixed key) and batches.",
+        "Tolerance per tensor: 8 × eps × √K × max|reference|, eps of the coarsest float type it went through, K "
+        "the summed sizes of the reductions on its way (read from each side's program); from step 2 also the "
+        "relative difference the parameters already carry; AdamW's moments and updates bounded elementwise "
+        "(the whole rule: docs/how-to/verify.md).",
+        "A divergence is named with its error, its sharding on each side and the collectives of the preset's "
+        "plan that touch it, with their model lines. Exit 0 same, 1 diverged, 2 bad input.",
+    )
+)
+
+
+@app.command("verify", help=HELP)
+def verify_command(
+    model: Annotated[
+        str | None, typer.Argument(help="Model name, e.g. deepseek-tiny (see `shardscope list`); or use --step.")
+    ] = None,
+    preset: PresetOption = "default",
+    against: Annotated[
+        str,
+        typer.Option("--against", help="A second preset (name or YAML) to compare with, or one-device."),
+    ] = ONE_DEVICE,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help=f"Training steps run on each side (default {DEFAULT_STEPS}).")
+    ] = None,
+    topology: Annotated[str, typer.Option("--topology", "-t", help="cpu-N (N fake CPU devices).")] = "cpu-8",
+    mesh: MeshOption = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a setting on both sides: moe=ring, model.seq_len=64."),
+    ] = None,
+    step: Annotated[
+        str | None,
+        typer.Option("--step", help="Your own program, module:function returning (jitted step, args, mesh)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Real steps under two shardings, compared: the same computation, or where it is not."""
+    try:
+        check_options(model, step, preset, against, steps, mesh, settings)
+        quiet_compiler_logs()
+        report = (
+            _verify_model(model, preset, against, DEFAULT_STEPS if steps is None else steps, topology, mesh, settings)
+            if model is not None
+            else _verify_step(step or "", topology)
+        )
+    except ShardscopeError as err:
+        fail(err)
+    if as_json:
+        from shardscope.verify.records import report_to_json  # lazy: off the --help path
+
+        typer.echo(report_to_json(report), nl=False)
+    else:
+        from shardscope.report.verify import verify_lines  # lazy: off the --help path
+
+        typer.echo("\n".join(verify_lines(report)))
+    raise typer.Exit(report.exit_code)
+
+
+def check_options(
+    model: str | None,
+    step: str | None,
+    preset: str,
+    against: str,
+    steps: int | None,
+    mesh: str | None,
+    settings: list[str] | None,
+) -> None:
+    """A model or --step, never both; a step brings its own mesh and runs once against one device.
+
+    Raises:
+      ShardscopeError: what does not go together, or an --against that names nothing known.
+    """
+    if (model is None) == (step is None):
+        raise ShardscopeError("verify needs a model name or --step module:function (one of them)")
+    if step is not None:
+        given = [
+            option
+            for option, value in (
+                ("--preset", preset != "default"),
+                ("--mesh", mesh),
+                ("--set", settings),
+                ("--steps", steps is not None),
+            )
+            if value
+        ]
+        if given:
+            raise ShardscopeError(
+                f"--step brings its own mesh and shardings and runs once: {', '.join(given)} does not apply"
+            )
+        if against != ONE_DEVICE:
+            raise ShardscopeError(f"--step verifies against one device: --against {against} does not apply")
+    if against != ONE_DEVICE and not Path(against).suffix:
+        from shardscope.case.presets import builtin_preset_names  # lazy: off the --help path
+
+        if against not in builtin_preset_names():
+            raise unknown_name("--against", against, [*builtin_preset_names(), ONE_DEVICE])
+
+
+def _verify_model(
+    model: str, preset: str, against: str, steps: int, topology: str, mesh: str | None, settings: list[str] | None
+) -> VerifyReport:
+    from shardscope.cli.case_options import resolve_cli_case  # lazy: off the --help path
+    from shardscope.stages.devices import configure_devices
+
+    case = resolve_cli_case(model, preset, topology, mesh, settings, None)
+    other = None if against == ONE_DEVICE else resolve_cli_case(model, against, topology, mesh, settings, None)
+    configure_devices(case.topology)
+    from shardscope.verify.cases import verify_case  # lazy: loads JAX
+
+    return verify_case(case, other, steps)
+
+
+def _verify_step(step: str, topology: str) -> VerifyReport:
+    from shardscope.case.topology import get_topology  # lazy: off the --help path
+    from shardscope.stages.devices import configure_devices
+    from shardscope.stages.user_step import load_step_function, parse_step_ref
+
+    ref = parse_step_ref(step)
+    topo = get_topology(topology)
+    configure_devices(topo)
+    from shardscope.verify.steps import verify_step_function  # lazy: loads JAX
+
+    return verify_step_function(load_step_function(ref), ref, topo)

@@ -1,0 +1,98 @@
+"""verify in CI: a golden case carrying `verify:` has its numbers checked by `shardscope check`, and the pytest
+plugin's `verify_step` fails a test whose program diverges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shardscope.cli import app
+from shardscope.errors import ShardscopeError
+from shardscope.golden.cases import load_manifest
+from shardscope.pytest_plugin import GoldenChecker
+
+runner = CliRunner()
+PROGRAMS = Path(__file__).parent / "data" / "verify"
+
+
+def manifest(root: Path, *cases: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cases.yaml").write_text("cases:\n" + "".join(f"  - {case}\n" for case in cases))
+    return root
+
+
+def test_check_verifies_the_cases_that_ask_and_fails_on_a_divergence(tmp_path):
+    golden = manifest(
+        tmp_path / "golden",
+        f"{{step: '{PROGRAMS / 'moe_psum.py'}:make_step', name: moe, verify: one-device}}",
+        f"{{step: '{PROGRAMS / 'moe_psum.py'}:make_step_without_psum', name: moe-without-psum, verify: one-device}}",
+        "{model: llama-tiny, preset: default, verify: one-device}",
+        "{model: llama-tiny, preset: ep-tp}",
+    )
+    created = runner.invoke(app, ["update", "--golden", str(golden), "--jobs", "1"])
+    assert created.exit_code == 0, created.output
+    result = runner.invoke(app, ["check", "--golden", str(golden), "--jobs", "1", "--json"])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    rows = {row["case"]: row for row in data["cases"]}
+    # Every plan is its golden; the numbers are a row of their own per verified case.
+    assert {rows[c]["status"] for c in rows if " verify " not in c} == {"same"}
+    assert rows["moe/cpu-8/step verify one-device"]["status"] == "verified"
+    assert rows["llama-tiny/cpu-8/default verify one-device"]["status"] == "verified"
+    broken = rows["moe-without-psum/cpu-8/step verify one-device"]
+    assert broken["status"] == "diverged" and broken["verify"]["same"] is False
+    assert "first outputs/loss" in broken["message"]
+    assert "shardscope verify --step" in broken["message"] and "make_step_without_psum" in broken["message"]
+    assert "llama-tiny/cpu-8/ep-tp verify" not in " ".join(rows)  # it does not ask
+    assert data["failed"] is True and "numerics: 2 verified, 1 diverged" in data["summary"]
+    text = runner.invoke(app, ["check", "--golden", str(golden), "--jobs", "1"])
+    assert text.exit_code == 1 and "diverged" in text.stdout
+
+
+def test_a_case_verified_against_another_case(tmp_path):
+    golden = manifest(
+        tmp_path / "golden",
+        "{model: llama-tiny, preset: default}",
+        "{model: llama-tiny, preset: pure-fsdp, verify: default}",
+    )
+    assert runner.invoke(app, ["update", "--golden", str(golden), "--jobs", "1"]).exit_code == 0
+    result = runner.invoke(app, ["check", "--golden", str(golden), "--jobs", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads(result.stdout)["cases"] if " verify " in r["case"])
+    assert row["case"] == "llama-tiny/cpu-8/pure-fsdp verify default" and row["status"] == "verified"
+    assert row["verify"]["against"].startswith("default on ")
+
+
+@pytest.mark.parametrize(
+    ("cases", "fragment"),
+    [
+        (("{model: llama-tiny, preset: default, verify: one_device}",), "did you mean 'one-device'"),
+        (("{model: llama-tiny, preset: default, verify: default}",), "against itself"),
+        (
+            (
+                "{model: llama-tiny, preset: default}",
+                "{model: mixtral-tiny, preset: ep-tp, verify: llama-tiny/cpu-8/default}",
+            ),
+            "not a case of mixtral-tiny",
+        ),
+        (
+            ("{model: llama-tiny, preset: default}", "{step: 'x.py:make_step', name: mine, verify: default}"),
+            "verifies against one-device only",
+        ),
+    ],
+)
+def test_a_verify_that_names_nothing_it_can_compare_with(tmp_path, cases, fragment):
+    golden = manifest(tmp_path / "golden", *cases)
+    with pytest.raises(ShardscopeError, match=fragment):
+        load_manifest(golden)
+
+
+def test_the_plugin_verifies_a_program_of_ones_own():
+    checker = GoldenChecker(update=False)
+    report = checker.verify_step(f"{PROGRAMS / 'grad_allreduce.py'}:make_step")
+    assert report.same and report.against == "one device"
+    with pytest.raises(pytest.fail.Exception, match="outputs/grads/w1"):
+        checker.verify_step(f"{PROGRAMS / 'grad_allreduce.py'}:make_step_without_grad_allreduce")
