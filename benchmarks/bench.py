@@ -12,6 +12,9 @@
   parse     HLO parsing throughput on the largest matrix HLO and a synthetic 200 MB module  vs  a plain
             line count of the same text (the floor), and XLA's own parser (jaxlib) on the matrix HLO
   tpu       (only with --tpu) deepseek2-16b on v5p-128, compiled: wall time and peak RSS
+  maxtext   `dump maxtext:qwen3-0.6b` (two layers) on v5p-8  vs  MaxText's own train_compile of the same
+            command line (target <= 1.15x), in the maxtext: environment (MAXTEXT_PYTHON, default
+            .venv-maxtext/bin/python, which `scripts/test.sh` makes); else skipped
 
 MAXTEXT_DUMP is a command taking MaxText's arguments: MODEL TOPOLOGY RULE OUTDIR [key=value ...], e.g. a
 script running MaxText's tests/utils/sharding_dump.py in MaxText's own environment.
@@ -28,6 +31,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +41,7 @@ TINY_CASES = [
     (m, p) for m in ("deepseek-tiny", "mixtral-tiny") for p in ("default", "ep-as-cp", "ep-tp", "shard-exp-on-fsdp")
 ]
 TARGETS = {
+    "maxtext_ratio": 1.15,
     "dump_ratio": 1.10,
     "check_seconds": 18.0,
     "warm_check_seconds": 2.0,
@@ -209,7 +214,6 @@ def run_timed(args: list[str], env: dict[str, str] | None = None) -> tuple[float
 def cpu_golden_copy() -> Path:
     """The golden directory with only its CPU cases (the target is about the CPU matrix)."""
     import shutil
-    import tempfile
 
     import yaml
 
@@ -248,7 +252,6 @@ def bare_matrix_seconds(golden: Path) -> float:
 
 
 def bench_check() -> tuple[list[str], bool]:
-    import tempfile
 
     golden = cpu_golden_copy()
     cases = len(list(golden.glob("*/*/*.json")))
@@ -306,7 +309,6 @@ def edit_one_preset(golden: Path, cache: Path) -> tuple[int, int]:
 
 
 def bench_tensors_only() -> tuple[list[str], bool]:
-    import tempfile
 
     model, topology, rule, flags = MAXTEXT_CASE
     ours = [
@@ -366,6 +368,49 @@ def bench_tpu() -> tuple[list[str], bool]:
     ], code == 0
 
 
+# MaxText's program of a small model, compiled for a TPU slice: the same command line for both.
+MAXTEXT_PROGRAM = ("qwen3-0.6b", "v5p-8", "override_model_config=true base_num_decoder_layers=2 max_target_length=256")
+
+
+def bench_maxtext() -> tuple[list[str], bool]:
+    python = Path(os.environ.get("MAXTEXT_PYTHON", ROOT / ".venv-maxtext" / "bin" / "python"))
+    if not python.exists():
+        return [f"maxtext: no Python with MaxText at {python} (set MAXTEXT_PYTHON): skipped"], True
+    model, topology, words = MAXTEXT_PROGRAM
+    base = subprocess.run(
+        [str(python), "-c", "import maxtext, os; print(os.path.join(os.path.dirname(maxtext.__file__), 'configs'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # MaxText's own ahead-of-time compile, as its docs run it; its cloud clients stubbed and no persistent
+    # compilation cache, as shardscope builds the step.
+    env = dict(os.environ, DECOUPLE_GCLOUD="TRUE")
+    theirs_args = [str(python), "-m", "maxtext.trainers.pre_train.train_compile", f"{base}/base.yml"]
+    theirs_args += [f"model_name={model}", f"compile_topology={topology}", "compile_topology_num_slices=1"]
+    theirs_args += [*words.split(), "jax_cache_dir=", "skip_jax_distributed_system=true"]
+    out = Path(tempfile.mkdtemp(prefix="shardscope-bench-")) / "plan.json"
+    ours_args = [str(python.parent / "shardscope"), "dump", f"maxtext:{model}", "--topology", topology]
+    ours_args += ["--maxtext", words, "-o", str(out)]
+    ours, theirs = [], []
+    for _ in range(2):  # interleaved, so a slower moment of the machine weighs on both
+        wall, _, code = run_timed(theirs_args, env)
+        if code != 0:
+            return [f"maxtext: MaxText's train_compile failed (exit {code}): comparison skipped"], False
+        theirs.append(wall)
+        wall, _, code = run_timed(ours_args)
+        if code != 0:
+            return [f"maxtext: dump maxtext:{model} failed (exit {code})"], False
+        ours.append(wall)
+    ratio = min(ours) / min(theirs)
+    ok = ratio <= TARGETS["maxtext_ratio"]
+    return [
+        f"dump maxtext:{model} ({words}) on {topology}: best {min(ours):.1f} s of 2  vs  MaxText's train_compile "
+        f"of the same command line {min(theirs):.1f} s: ratio {ratio:.2f} (target <= {TARGETS['maxtext_ratio']}): "
+        f"{verdict(ok)}"
+    ], ok
+
+
 def bench_help() -> tuple[list[str], bool]:
     def best(args: list[str]) -> float:
         timings = []
@@ -389,7 +434,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the child-process sections but help")
     parser.add_argument("--repeats", type=int, default=5, help="timings per case for the dump ratio")
     parser.add_argument(
-        "--only", choices=("help", "check", "tensors", "real", "dump", "parse", "tpu"), help="run one section"
+        "--only",
+        choices=("help", "check", "tensors", "real", "maxtext", "dump", "parse", "tpu"),
+        help="run one section",
     )
     parser.add_argument("--tpu", action="store_true", help="also compile deepseek2-16b for v5p-128 (minutes)")
     args = parser.parse_args()
@@ -397,6 +444,7 @@ def main() -> None:
     if not args.quick or args.only:
         # Child processes first, while this process has not started JAX (they get the cores to themselves).
         sections += [("check", bench_check), ("tensors", bench_tensors_only), ("real", bench_real_shape)]
+        sections.append(("maxtext", bench_maxtext))
     if args.tpu or args.only == "tpu":
         sections.append(("tpu", bench_tpu))
     sections += [("dump", lambda: bench_dump_ratio(args.repeats)), ("parse", bench_parse)]
