@@ -17,7 +17,9 @@ Kinds:
   (the rows it reads and writes), where it changes an elementwise op's many times over: a CPU compile's
   are priced as a TPU's with a factor of their own (`shardscope.cost.step`).
 - `grouped`: an op whose matrix work is the experts' of a dropless MoE run as a grouped-matmul kernel (its
-  dot inside `GROUPED_SCOPE`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
+  dot inside `GROUPED_SCOPE`, or a TPU program's own Pallas kernel, MaxText's megablox `gmm`/`tgmm`, its FLOPs
+  counted from its shapes: `grouped_kernel_flops`): FLOPs and bytes as a matmul's, priced at the kernel's
+  efficiency.
 - `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
   ops without a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
   each block's scores on chip where the stand-in writes them to HBM. A TPU program's own attention kernel
@@ -48,6 +50,7 @@ from shardscope.hlo.accumulation import Accumulations, loop_accumulations
 from shardscope.hlo.attention_kernels import attention_kernel_flops
 from shardscope.hlo.executions import Program
 from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes, producers_into_matmuls
+from shardscope.hlo.grouped_kernels import grouped_kernel_flops
 from shardscope.hlo.loops import expanded_scatters, loop_regions
 from shardscope.hlo.metadata import op_name_in, pass_of
 from shardscope.hlo.narrowing import Narrowing
@@ -321,6 +324,9 @@ def _classify(
     kernel_flops = attention_kernel_flops(instruction, operand_shapes)
     if kernel_flops is not None:
         return "kernel", kernel_flops, 0
+    grouped_flops = grouped_kernel_flops(instruction, operand_shapes)
+    if grouped_flops is not None:  # its bytes are its operands' and result's, as any op's
+        return "grouped", grouped_flops, instruction_bytes(instruction, operand_shapes, wrapped)
     flops = _matrix_flops(program, instruction, operand_shapes)
     if in_kernel:
         return "kernel", flops, 0

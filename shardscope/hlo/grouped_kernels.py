@@ -1,0 +1,42 @@
+"""FLOPs of a grouped-matmul Pallas kernel of a TPU program (MaxText's megablox `gmm` and `tgmm`, the experts'
+matmuls of its dropless MoE), counted from the operands' and result's shapes.
+
+A grouped matmul multiplies each row of its left operand [m, k] by the weights of the group the row belongs to:
+`gmm` ([m, k] × [groups, k, n] → [m, n]) in the forward pass and for the tokens' gradient, `tgmm` ([m, k]ᵀ ×
+[m, n] → [groups, k, n]) for the weights' gradient. Either way each of the m rows takes part in one k × n
+product: 2·m·k·n FLOPs, whatever the group sizes (rows a group does not fill are padding the kernel skips,
+counted here as the tiles it computes: m is the padded row count the kernel is given).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from shardscope.hlo.origins import op_name_of
+from shardscope.hlo.records import Instruction
+from shardscope.hlo.shapes import shape_info
+
+__all__ = ["grouped_kernel_flops"]
+
+# The kernel's name, as Pallas names the custom call (`gmm.9`, `tgmm.1`) or, called inside a shard_map or a
+# vmap, as its op_name ends (`…/gmm/pallas_call`).
+_GROUPED_KERNEL = re.compile(r"(?:^|/)(t?gmm)(?:\.\d+)?(?:/|$)")
+
+
+def grouped_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:
+    """FLOPs of one run of a grouped-matmul kernel (None: not one): 2·m·k·n, m and k the left operand's (its
+    first float operand of rank 2), n the result's last dimension."""
+    if instruction.opcode != "custom-call" or "tpu_custom_call" not in (
+        instruction.attribute("custom_call_target") or ""
+    ):
+        return None
+    if _GROUPED_KERNEL.search(instruction.name) is None and _GROUPED_KERNEL.search(op_name_of(instruction)) is None:
+        return None
+    floats = [dims for dtype, dims, _ in map(shape_info, operand_shapes) if dtype.startswith(("bfloat16", "float"))]
+    lhs = next((dims for dims in floats if len(dims) == 2), None)
+    _, result, _ = shape_info(instruction.shape)
+    if lhs is None or not result:
+        return None
+    return 2 * math.prod(lhs) * result[-1]

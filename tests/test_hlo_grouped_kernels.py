@@ -1,0 +1,50 @@
+"""A TPU program's grouped-matmul kernels (MaxText's megablox `gmm` and `tgmm` Pallas calls) count their matrix
+work from their shapes, as the experts' matmuls they are: 2·m·k·n each, m × k the token rows, n the output
+width. The modules are hand-written in the TPU compiler's own spelling of such calls."""
+
+from __future__ import annotations
+
+from shardscope.hlo.module import read_module
+from shardscope.hlo.profile import work_profile
+
+# 6144 token rows of width 2048 through 64 experts of 2048 → 1408 (`gmm`), and the weights' gradient from the
+# same rows and a [6144, 1408] output gradient (`tgmm`).
+ROWS, WIDTH, HIDDEN, EXPERTS = 6144, 2048, 1408, 64
+LHS, WEIGHTS, GRAD = f"bf16[{ROWS},{WIDTH}]", f"bf16[{EXPERTS},{WIDTH},{HIDDEN}]", f"bf16[{ROWS},{HIDDEN}]"
+SIZES = f"s32[{EXPERTS}]"
+PALLAS = 'custom_call_target="tpu_custom_call"'
+STEP = "jit(train_step)"
+MODULE = "\n".join(
+    [
+        f"HloModule jit_train_step, entry_computation_layout={{()->{GRAD}}}",
+        "",
+        f"ENTRY %main (p0: {LHS}, p1: {WEIGHTS}, p2: {SIZES}, p3: {GRAD}) -> ({GRAD}, {WEIGHTS}) {{",
+        f"  %p0 = {LHS}{{1,0}} parameter(0)",
+        f"  %p1 = {WEIGHTS}{{2,1,0}} parameter(1)",
+        f"  %p2 = {SIZES}{{0}} parameter(2)",
+        f"  %p3 = {GRAD}{{1,0}} parameter(3)",
+        f"  %gmm.9 = {GRAD}{{1,0:T(8,128)(2,1)}} custom-call({SIZES}{{0}} %p2, {LHS}{{1,0}} %p0, "
+        f'{WEIGHTS}{{2,1,0}} %p1), {PALLAS}, metadata={{op_name="{STEP}/jvp()/while/body/gmm/pallas_call"}}',
+        f"  %tgmm.1 = {WEIGHTS}{{2,1,0}} custom-call({SIZES}{{0}} %p2, {LHS}{{1,0}} %p0, {GRAD}{{1,0}} %p3), "
+        f'{PALLAS}, metadata={{op_name="{STEP}/transpose(jvp())/while/body/tgmm/pallas_call"}}',
+        f"  ROOT %t = ({GRAD}, {WEIGHTS}) tuple(%gmm.9, %tgmm.1)",
+        "}",
+        "",
+    ]
+)
+
+
+def test_gmm_and_tgmm_count_each_token_rows_matmul_once():
+    bins = work_profile(read_module(MODULE))
+    grouped = {b.pass_: b for b in bins if b.kind == "grouped"}
+    one_product = 2 * ROWS * WIDTH * HIDDEN  # every row through one expert's [WIDTH, HIDDEN]
+    assert grouped["forward"].flops == one_product
+    assert grouped["backward"].flops == one_product
+    assert grouped["forward"].bytes >= 2 * (ROWS * WIDTH + EXPERTS * WIDTH * HIDDEN + ROWS * HIDDEN)
+    assert not [b for b in bins if b.kind == "memory" and b.flops]
+
+
+def test_another_pallas_kernel_is_not_taken_for_a_grouped_matmul():
+    renamed = MODULE.replace("%gmm.9", "%rms_norm.9").replace("/gmm/", "/rms_norm/").replace("gmm.9)", "rms_norm.9)")
+    grouped = [b for b in work_profile(read_module(renamed)) if b.kind == "grouped" and b.pass_ == "forward"]
+    assert grouped == []
