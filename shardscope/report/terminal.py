@@ -123,6 +123,17 @@ def _plan_summary(plan: Plan) -> Group:
         parts += [memory, Text(""), traffic_tables(plan.collectives)]
     if plan.estimate is not None:
         parts += [Text(""), estimate_renderable(plan.estimate)]
+    unknown = dict(plan.compute).get("unknown_computations", 0)
+    if unknown:
+        # E.g. a Pallas kernel run in interpret mode on the CPU route (MaxText's grouped matmuls): its tiles
+        # loop a number of times only the data decides.
+        parts.append(
+            Text(
+                f"note: compute is a floor: {unknown} computations run a number of times the program does not "
+                "say (a loop whose trips its data decides), and their work is left out",
+                "yellow",
+            )
+        )
     return Group(*parts)
 
 
