@@ -58,7 +58,13 @@ def plan(run_id: str) -> None:
 
 
 def _state(plan: Any) -> dict[str, Any]:
-    return {p: (t.shape, t.logical, t.spec) for p, t in plan.tensors if t.kind in ("param", "opt_state")}
+    """The train state's tensors (an NNX model's RNG keys and counts aside: the reference models carry none),
+    a scalar's logical axes () and None alike."""
+    return {
+        p: (t.shape, t.logical or None, t.spec)
+        for p, t in plan.tensors
+        if t.kind in ("param", "opt_state") and "/rngs/" not in p
+    }
 
 
 def _traffic_by_axis(plan: Any) -> dict[str, int]:
@@ -98,6 +104,13 @@ def report() -> int:
             print(
                 f"  traffic {axes}: {a.get(axes, 0) / 2**30:.2f} GiB vs {b.get(axes, 0) / 2**30:.2f} GiB "
                 f"({_pct(b.get(axes, 0), a.get(axes, 0))})"
+            )
+        for kind in sorted({b.kind for b in (*reference.work, *maxtext.work)}):
+            f = [sum(b.flops for b in p.work if b.kind == kind) for p in (reference, maxtext)]
+            n = [sum(b.bytes for b in p.work if b.kind == kind) for p in (reference, maxtext)]
+            print(
+                f"  work {kind}: {f[0] / 1e12:.1f} vs {f[1] / 1e12:.1f} TFLOP ({_pct(f[1], f[0])}), "
+                f"{n[0] / 1e9:.1f} vs {n[1] / 1e9:.1f} GB of HBM ({_pct(n[1], n[0])})"
             )
         hbm = reference.estimate.memory.total, maxtext.estimate.memory.total
         step = reference.estimate.expected, maxtext.estimate.expected
