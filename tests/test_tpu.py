@@ -56,7 +56,9 @@ def test_without_the_extra_a_tpu_topology_names_it(monkeypatch):
 
 def test_tpu_dump_is_quiet_and_records_the_backend(tmp_path):
     out = tmp_path / "plan.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")} | {"TMPDIR": str(temp)}
     result = subprocess.run(
         [sys.executable, "-m", "shardscope.cli", "dump", "mixtral-tiny", "--topology", "v5p-16", "-o", str(out)],
         capture_output=True,
@@ -65,6 +67,7 @@ def test_tpu_dump_is_quiet_and_records_the_backend(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # nothing from libtpu on a host without TPU chips
+    assert list(temp.iterdir()) == []  # nor log files of its own left behind
     plan = load_golden(out)
     provenance = dict(plan.provenance)
     assert provenance["backend"] == "tpu" and provenance["libtpu"] == tpu.libtpu_version()
