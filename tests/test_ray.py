@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# The quick lane (`-m "not slow"`) leaves these out: a Ray cluster started.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("ray")
 
 RAY = str(Path(sys.executable).parent / "ray")
