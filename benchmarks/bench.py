@@ -243,7 +243,7 @@ def bare_matrix_seconds(golden: Path) -> float:
         "import sys, time; sys.path.insert(0, 'benchmarks');"
         "from pathlib import Path; from bench import bare_compile_seconds;"
         "from shardscope.golden.cases import load_manifest; from shardscope.golden.worker import resolve_golden_case;"
-        "from shardscope.topology import configure_cpu_devices; configure_cpu_devices(8);"
+        "from shardscope.stages.devices import configure_cpu_devices; configure_cpu_devices(8);"
         f"cases = [resolve_golden_case(c) for c in load_manifest(Path({str(golden)!r}))];"
         "print(sum(bare_compile_seconds(c)[0] for c in cases))"
     )

@@ -41,18 +41,34 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def check_writable(path: Path, what: str = "output") -> None:
-    """Fails early (before any compile) when `path` cannot be written: a directory, or under a file.
+    """Fails early (before any compile) when `path` cannot be written: a directory or a device, under a
+    file, or in a directory the OS refuses to write in (permissions, a read-only or full file system, /proc).
+
+    Permissions alone cannot tell (root passes every permission check, and /proc refuses root too), so it
+    writes as `write_atomic` would: a byte into a new file in the directory, or, where the directory does
+    not exist yet, a new directory in the nearest one that does; both are removed at once.
 
     Raises:
-      ShardscopeError: with what is in the way.
+      ShardscopeError: with what is in the way, in one line.
     """
-
     if path.is_dir():
         raise ShardscopeError(f"{what} {path} is a directory; give a file name, e.g. {path / 'plan.json'}")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ShardscopeError(f"{what} {path}: {parent} is a file, not a directory")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise ShardscopeError(f"{what} {path}: cannot write in {parent} (permission denied)")
-            return
+    if path.exists() and not path.is_file():
+        raise ShardscopeError(f"{what} {path} is not a regular file; give a file name (or - for standard output)")
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir():
+        raise ShardscopeError(f"{what} {path}: {existing} is a file, not a directory")
+    try:
+        if existing == path.parent:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=existing)
+            try:
+                # A full disk still creates an empty file; it refuses the first block written.
+                os.write(fd, b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=f".{path.name}.", dir=existing))
+    except OSError as err:
+        raise ShardscopeError(f"{what} {path}: cannot write in {existing} ({err.strerror})") from None

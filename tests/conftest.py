@@ -4,9 +4,11 @@ cache so each tiny case is compiled once per session."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
-# The tests' plan cache is their own, never the user's (~/.cache/shardscope).
+# The tests' plan cache is their own, never the user's (~/.cache/shardscope); each process of a run (every
+# pytest-xdist worker imports this module) makes its own and removes it when it ends.
 os.environ["SHARDSCOPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardscope-test-cache-")
 # pytest-xdist's workers set COLUMNS=80; the commands' piped output is 120 columns wide unless COLUMNS says
 # otherwise, and the tests read it as a pipe does.
@@ -25,6 +27,12 @@ from shardscope.case.presets import builtin_preset_names  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
+_CACHE_DIR = os.environ["SHARDSCOPE_CACHE_DIR"]
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
 
 TINY_MODELS = ("deepseek-tiny", "mixtral-tiny")
 # Every built-in preset (the seeds' and MaxText's rule files).

@@ -25,6 +25,9 @@ from shardscope.case.presets import get_preset
 from shardscope.case.topology import parse_mesh_arg, resolve_mesh
 from shardscope.cli import main
 
+# The quick lane (`-m "not slow"`) leaves these out: each sweep compiles tens of candidate plans.
+pytestmark = pytest.mark.slow
+
 # One preset per tiny model, every mesh of 8 devices over the axes it can use (20 candidates each, one of
 # deepseek-tiny's indivisible): the search the exhaustive test repeats by compiling every candidate.
 SEARCHES = (("deepseek-tiny", "ep-tp"), ("mixtral-tiny", "ep-as-cp"))

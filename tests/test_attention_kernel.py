@@ -11,6 +11,9 @@ import pytest
 import shardscope
 from reference_models.flash_stand_in import blockwise_causal_attention, causal_attention
 
+# The quick lane (`-m "not slow"`) leaves these out: attention run and differentiated over several block sizes.
+pytestmark = pytest.mark.slow
+
 
 def _qkv(heads=4, kv_heads=2, seq=64, dim=8, v_dim=8):
     keys = jax.random.split(jax.random.key(0), 3)

@@ -92,6 +92,7 @@ def test_concurrent_writers_leave_a_whole_entry(tmp_path):
     assert not list((tmp_path / "plans").rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_hit_starts_no_jax_and_gives_the_same_plan(tmp_path):
     env = dict(os.environ, SHARDSCOPE_CACHE_DIR=str(tmp_path / "cache"), TF_CPP_MIN_LOG_LEVEL="2")
     first = tmp_path / "first.json"
@@ -107,6 +108,7 @@ def test_a_hit_starts_no_jax_and_gives_the_same_plan(tmp_path):
     assert second.read_text() == first.read_text()
 
 
+@pytest.mark.slow
 def test_after_editing_one_preset_only_its_cases_compile(tmp_path, monkeypatch):
     import shardscope.golden.runner as runner
 

@@ -190,6 +190,7 @@ def tpu_traffic(plan) -> int:
     return sum((r.bytes if r.tpu_bytes is None else r.tpu_bytes) * r.count * r.loop_trips for r in plan.collectives)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
 def test_a_cpu_program_priced_as_a_tpu_moves_what_the_tpu_program_moves():
     # XLA's CPU compiler moves a bfloat16 model's weights and gradients in float32; the TPU's in bfloat16.

@@ -23,6 +23,7 @@ QUERY = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("model", (*TINY_MODELS, "llama-tiny"))
 def test_plan_is_complete_and_round_trips(model, preset, tiny_plans):
@@ -68,6 +69,7 @@ def test_ep_as_cp_shards_attention_sequence_over_expert(model, tiny_plans):
     assert tokens.spec == ("fsdp", "expert")  # data and stage have size 1: they shard nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microbatches(model, tiny_plans):
     plan = tiny_plans(model, "explicit-pipeline")
@@ -106,6 +108,7 @@ def test_explicit_pipeline_splits_the_main_stack_over_stages_and_rotates_microba
     assert not any(r.op == "all-reduce" and r.pass_ == "forward" for r in stage_rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["explicit", "auto"])
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_a_circular_pipeline_rotates_once_per_step_of_its_longer_schedule(model, mode, plan_of):
@@ -146,6 +149,7 @@ def _dump_in_fresh_process(tmp_path, name):
     return json.dumps(data, sort_keys=True, indent=2), out.read_text()
 
 
+@pytest.mark.slow
 def test_two_processes_give_byte_identical_json(tmp_path):
     first, first_raw = _dump_in_fresh_process(tmp_path, "a")
     second, second_raw = _dump_in_fresh_process(tmp_path, "b")
@@ -155,6 +159,7 @@ def test_two_processes_give_byte_identical_json(tmp_path):
     assert first_raw.endswith("}\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_tensors_only_plan_has_exactly_the_compiled_plans_tensors(model, preset, tiny_plans):

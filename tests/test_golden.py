@@ -17,6 +17,9 @@ from shardscope.golden.cases import GoldenCase, load_manifest
 from shardscope.golden.store import golden_path, load_golden, orphan_goldens
 from shardscope.plan import plan_to_json
 
+# The quick lane (`-m "not slow"`) leaves these out: every golden case compiled, the TPU ones too.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "golden"
 CASES = load_manifest(GOLDEN)

@@ -114,6 +114,7 @@ def _agree_with_xla(text: str, mesh: tuple[tuple[str, int], ...]) -> None:
     assert parsed.unknown == () and parsed.notices == ()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_every_tiny_case_agrees_with_xla(model: str, preset: str, compiled_cases) -> None:
@@ -121,6 +122,7 @@ def test_every_tiny_case_agrees_with_xla(model: str, preset: str, compiled_cases
     _agree_with_xla(step.compiled.as_text(), step.case.mesh)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["deepseek-tiny/tpu7x-8/ep-as-cp", "deepseek-tiny/v5p-16/ep-as-cp"])
 def test_tpu_golden_cases_agree_with_xla(name: str, compile_cached) -> None:
     from shardscope.extract.plans import slice_mesh

@@ -78,6 +78,7 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
     return data[: rng.randrange(len(data))]  # cut short
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file", sorted(CORPUS))
 def test_damaged_corpus_modules_read_or_are_refused_in_one_line(file: str) -> None:
     data = (SAMPLES / file).read_bytes()
@@ -128,6 +129,7 @@ def test_computations_defined_twice_are_refused_as_xla_refuses_them() -> None:
         read_module(data.replace(body, body + "\n" + body))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("percent", ["%", ""])
 def test_call_chains_and_brackets_thousands_deep(percent: str) -> None:
     p = percent

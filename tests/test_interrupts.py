@@ -17,6 +17,9 @@ import pytest
 
 import shardscope
 
+# The quick lane (`-m "not slow"`) leaves these out: processes started and interrupted while they compile.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

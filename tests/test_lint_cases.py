@@ -72,6 +72,7 @@ def test_silently_replicated_when_mlp_takes_fsdp_first():
     assert "silently-replicated" not in ids(lint("deepseek-tiny", str(MAXTEXT / "pure-fsdp.yml")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["deepseek-tiny", "mixtral-tiny"])
 def test_expert_weights_gathered_in_the_layer_loop(model):
     report = lint(model, str(LINT_DATA / "experts-gathered.yaml"), compile=True)
@@ -110,6 +111,7 @@ def test_a_compiler_that_cannot_fit_the_step_is_an_hbm_finding(monkeypatch):
     assert not report.compiled and report.notes
 
 
+@pytest.mark.slow
 def test_fsdp_across_slices_gathers_weights_over_dcn_in_the_layer_loop():
     # Two v5p-8 slices compiled with libtpu; `data` (4) spans them, so each slice's program still has a `data`
     # axis of 2 and shows the collectives over it (its traffic to the other slice travels as host transfers).

@@ -208,6 +208,7 @@ def test_shardscopes_own_presets_have_no_rule_dead_for_both_families(name):
     assert [logical for logical, _ in preset.logical_axis_rules if logical not in used] == []
 
 
+@pytest.mark.slow
 def test_builtin_golden_plans_carry_no_findings(plan_for_golden_case):
     # The compiled lints (collectives, the compiler's warnings) on every built-in case of the golden matrix.
     from shardscope.golden.cases import load_manifest

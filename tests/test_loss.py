@@ -14,6 +14,9 @@ from shardscope.case import resolve_case
 from shardscope.stages.train_step import make_optimizer, make_train_step
 from shardscope.verify.layout import same_layout, stacked_config, to_case_layout, to_stacked
 
+# The quick lane (`-m "not slow"`) leaves these out: each runs a sharded train step and the same step on one device.
+pytestmark = pytest.mark.slow
+
 # float32 everywhere; sharded reductions sum in a different order, nothing more.
 LOSS_RTOL = 1e-5
 # Gradients are compared through AdamW's first moment after one step (mu = (1 - b1) * grad, linear in

@@ -28,6 +28,9 @@ from shardscope.extract.maxtext_dump import (
 from shardscope.golden.pipeline import plan_case
 from shardscope.plan import Plan
 
+# The quick lane (`-m "not slow"`) leaves these out: every MaxText dump's case planned from its command line.
+pytestmark = pytest.mark.slow
+
 MAXTEXT = Path(__file__).parent / "data" / "maxtext"
 ALL_DUMPS = sorted(path.parent for path in (MAXTEXT / "sharding_info").rglob("named_shardings.json"))
 # The dumps of models shardscope has (MaxText's goldens also cover gpt-oss-20b and qwen3-0.6b).

@@ -28,6 +28,9 @@ from shardscope.case.topology import get_topology
 from shardscope.cli import app
 from shardscope.extract.maxtext_dump import dump_to_plan, parse_dump_path
 
+# The quick lane (`-m "not slow"`) leaves these out: MaxText's own programs built and compiled.
+pytestmark = pytest.mark.slow
+
 # The fake CPU pool of the session (8 devices, conftest) starts before a TPU case would size it to 1: the CPU
 # route plans on a pool of exactly its topology's devices, as MaxText sizes its batch by the device count.
 jax.devices()

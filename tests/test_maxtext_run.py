@@ -162,6 +162,7 @@ def test_the_library_takes_a_command_line_and_warns():
     assert dict(plan.case.mesh)["fsdp"] == 8 and plan.case.preset == "default"
 
 
+@pytest.mark.slow
 def test_cli_prints_warnings_on_stderr_and_plans(tmp_path):
     out = tmp_path / "plan.json"
     command = [
@@ -276,6 +277,7 @@ def test_a_pipeline_puts_the_stage_axis_first_as_maxtexts_config_does():
     assert dict(piped.mesh) == {**dict(plain.mesh), "stage": 2, "fsdp": 2}
 
 
+@pytest.mark.slow
 def test_iota_embed_looks_tokens_up_with_a_one_hot_matmul_and_its_backward_matmul():
     # MaxText's use_iota_embed: [tokens × vocab] one-hot rows @ table forward, and the table's gradient as the
     # transposed matmul backward: 2 × 2·T·V·E more FLOPs per device than the gather (plus the one-hot rows).
@@ -294,6 +296,7 @@ def test_iota_embed_looks_tokens_up_with_a_one_hot_matmul_and_its_backward_matmu
     assert matmuls <= flops["true"] - flops["false"] < 1.1 * matmuls, (flops, matmuls)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
 def test_the_embedding_tables_gradient_is_summed_in_the_activation_dtype(tmp_path):
     # MaxText casts the table to the activation dtype before the lookup, so its gradient is scattered and summed
@@ -310,6 +313,7 @@ def test_the_embedding_tables_gradient_is_summed_in_the_activation_dtype(tmp_pat
     assert summed and all(row["dtype"] == "bfloat16" for row in summed), summed
 
 
+@pytest.mark.slow
 def test_vocab_tiling_recomputes_each_chunks_logits_in_the_backward_pass():
     # MaxText's num_vocab_tiling: the head's forward matmul runs once more per step (each chunk's logits are
     # recomputed to be differentiated): 2·T·E·V more FLOPs per device than the untiled loss.
@@ -332,6 +336,7 @@ def test_vocab_tiles_that_do_not_divide_the_batchs_tokens_are_refused():
         resolve_maxtext_case("llama-tiny", None, "cpu-8", f"{TINY} ici_fsdp_parallelism=-1 num_vocab_tiling=3")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(libtpu_version() is None, reason="needs the TPU extra (libtpu)")
 def test_the_tiled_losss_head_gradient_stays_split_over_fsdp(tmp_path):
     # The head is gathered over fsdp for the tiled loss; its gradient is summed over the devices per chunk and

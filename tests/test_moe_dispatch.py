@@ -11,6 +11,9 @@ from test_loss import assert_same_step, real_state_and_batch, single_device_step
 
 from reference_models.moe import ExpertLayout, all_to_all_body, ring_body, row_capacity
 
+# The quick lane (`-m "not slow"`) leaves these out: sharded MoE steps run against the same step on one device.
+pytestmark = pytest.mark.slow
+
 EXPERTS, K, EMBED, HIDDEN = 4, 2, 8, 16
 
 

@@ -16,6 +16,9 @@ from shardscope.case import resolve_case
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
 
+# The quick lane (`-m "not slow"`) leaves these out: pipelined steps compiled.
+pytestmark = pytest.mark.slow
+
 FSDP = {"data": 1, "stage": 2, "fsdp": 2, "expert": 2}
 STAGE_ONLY = {"data": 4, "stage": 2, "fsdp": 1, "expert": 1}
 REPEATS = 2

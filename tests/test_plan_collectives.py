@@ -107,6 +107,7 @@ def test_ring_of_experts_gathers_tokens_split_over_the_expert_axis(model, tiny_p
         assert any(r.op == "reduce-scatter" and r.axes == ("expert",) and r.pass_ == pass_ for r in moe)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_collectives_command_reads_every_tiny_case(model, preset, compiled_cases, tiny_plans, tmp_path):

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+
+# The quick lane (`-m "not slow"`) leaves these out: a Ray cluster started.
+pytestmark = pytest.mark.slow
 
 pytest.importorskip("ray")
 
@@ -35,18 +43,51 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _session_processes(session: int) -> list[int]:
+    """The processes of one session: the head's, and its workers (the raylet gives each its own group)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session:
+                    members.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return members
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A one-node Ray cluster with two CPUs, stopped afterwards."""
+def cluster():
+    """A one-node Ray cluster with two CPUs, of this test's own: its head in a session of its own and its
+    files in a directory of its own, so that stopping it ends its processes and no one else's."""
     port = _free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    start = [RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
-    start += ["--disable-usage-stats", "--object-store-memory=150000000"]
-    subprocess.run(start, check=True, env=env, capture_output=True, timeout=300)
+    # Not under pytest's tmp_path: Ray's sockets sit three levels below its directory, and a Unix socket's
+    # path may not pass 107 bytes.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ss-ray-"))
+    # No drain on SIGTERM: nothing runs on the cluster by then, and draining waits up to 30 s.
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
+    start = [RAY, "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp_dir}", "--num-cpus=2"]
+    start += ["--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=150000000"]
+    with (temp_dir / "head.log").open("w") as log:
+        head = subprocess.Popen(start, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        # `ray start` writes the cluster's address into its directory once every process has started.
+        deadline = time.monotonic() + 300
+        while not (temp_dir / "ray_current_cluster").exists():
+            if head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Ray head did not start: {(temp_dir / 'head.log').read_text()}")
+            time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=300)
+        head.terminate()  # the head stops the processes it started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=60)
+        # Whatever it left (a worker it did not reach, or everything if it hung) is still in its session.
+        for pid in _session_processes(head.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _shardscope(args, cache: Path, **env_extra):
@@ -110,9 +151,6 @@ def _free_cpus(address: str) -> float:
 
 
 def test_ctrl_c_during_a_search_on_the_cluster_frees_its_workers(cluster, tmp_path):
-    import signal
-    import time
-
     env = dict(os.environ, SHARDSCOPE_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("RAY_ADDRESS", None)
     process = subprocess.Popen(

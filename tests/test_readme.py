@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# The quick lane (`-m "not slow"`) leaves these out: every command of the README, each in a process of its own.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 GOLDEN = ROOT / "golden"

@@ -10,6 +10,9 @@ import shardscope
 from shardscope.case.resolve import get_model
 from shardscope.case.tpu import libtpu_version
 
+# The quick lane (`-m "not slow"`) leaves these out: whole steps compiled for TPU.
+pytestmark = pytest.mark.slow
+
 
 def _temp(policy: str, topology: str = "cpu-8") -> dict[str, int]:
     plan = shardscope.plan_case(

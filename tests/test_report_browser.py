@@ -20,7 +20,11 @@ CHROMIUM = shutil.which("chromium")
 # Would retitle the page and set a global if it ever ran.
 PAYLOAD = '<script>document.title="pwned";window.__pwned=1</script>'
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+# The quick lane (`-m "not slow"`) leaves these out: a headless browser started per test.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)"),
+]
 
 
 def chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess[str]:

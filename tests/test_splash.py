@@ -15,6 +15,9 @@ from reference_models.flash_stand_in import causal_attention
 from reference_models.splash import local_splash_attention
 from shardscope.case.tpu import libtpu_version
 
+# The quick lane (`-m "not slow"`) leaves these out: attention kernels compiled and run.
+pytestmark = pytest.mark.slow
+
 BLOCKS = "kv:128,kv_compute:128,q_dkv:128,kv_dkv:128,kv_dkv_compute:128,q_dq:128,kv_dq:128"
 
 

@@ -54,9 +54,12 @@ def test_without_the_extra_a_tpu_topology_names_it(monkeypatch):
     ]
 
 
+@pytest.mark.slow
 def test_tpu_dump_is_quiet_and_records_the_backend(tmp_path):
     out = tmp_path / "plan.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")} | {"TMPDIR": str(temp)}
     result = subprocess.run(
         [sys.executable, "-m", "shardscope.cli", "dump", "mixtral-tiny", "--topology", "v5p-16", "-o", str(out)],
         capture_output=True,
@@ -65,6 +68,7 @@ def test_tpu_dump_is_quiet_and_records_the_backend(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # nothing from libtpu on a host without TPU chips
+    assert list(temp.iterdir()) == []  # nor log files of its own left behind
     plan = load_golden(out)
     provenance = dict(plan.provenance)
     assert provenance["backend"] == "tpu" and provenance["libtpu"] == tpu.libtpu_version()
@@ -85,6 +89,7 @@ def test_cpu_and_tpu_plans_agree_on_shardings_not_on_schedules():
     assert moe and all(r.loop_trips == 4 for r in moe)
 
 
+@pytest.mark.slow
 def test_slices_join_over_the_data_axis(plan_of):
     from shardscope.case import resolve_case
     from shardscope.case.topology import with_slices
@@ -102,6 +107,7 @@ def test_slices_join_over_the_data_axis(plan_of):
     assert any(row.op == "all-to-all" and row.axes == ("expert",) for row in plan.collectives)
 
 
+@pytest.mark.slow
 def test_slices_join_over_the_axis_the_case_names(plan_of):
     # MaxText's dcn_fsdp_parallelism=2 on two v5p-16 slices: fsdp (8 = 4 in a slice × 2) spans them.
     from shardscope.case import resolve_case
@@ -153,6 +159,7 @@ def test_every_published_slice_size_is_a_topology():
         parse_tpu_slice("v5p-96")  # 48 chips: neither a listed slice nor whole cubes
 
 
+@pytest.mark.slow
 def test_xla_flags_are_options_of_the_tpu_compile(tmp_path):
     flag = "xla.xla_jf_spmd_threshold_for_windowed_einsum_mib"
     out = tmp_path / "plan.json"

@@ -43,6 +43,7 @@ def expected_checks(case, steps: int) -> int:
     return steps * (1 + 4 * params + 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", builtin_preset_names())
 @pytest.mark.parametrize("model", MODELS)
 def test_every_builtin_preset_trains_as_one_device_does(model, preset):
@@ -66,6 +67,7 @@ def test_every_builtin_preset_trains_as_one_device_does(model, preset):
     assert report.closest is not None and report.closest.ratio < 1
 
 
+@pytest.mark.slow
 def test_two_presets_against_each_other_in_different_layouts():
     # A pipelined preset keeps the main stack's layers as [stages, …]: its numbers are compared with the
     # unpipelined preset's in its own layout.

@@ -24,6 +24,7 @@ def manifest(root: Path, *cases: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_check_verifies_the_cases_that_ask_and_fails_on_a_divergence(tmp_path):
     golden = manifest(
         tmp_path / "golden",

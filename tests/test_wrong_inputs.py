@@ -8,6 +8,7 @@ option, a missing argument) are held to the same rule as every other wrong input
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -327,3 +328,90 @@ def test_wrong_input(args, fragment, workdir, monkeypatch, capsys):
     assert fragment in captured.err
     assert "Traceback" not in captured.err + captured.out
     assert snapshot(workdir) == before
+
+
+# Outputs the OS refuses, root included: /proc takes no new files (nor directories) from anyone.
+REFUSED_OUTPUTS: list[tuple[str, ...]] = [
+    ("dump", "deepseek-tiny", "-o", "/proc/plan.json"),
+    ("dump", "deepseek-tiny", "-o", "/proc/no/such/dir/plan.json"),
+    ("dump", "deepseek-tiny", "--csv", "/proc/tables"),
+    ("dump", "--step", "steps_bad.py:raises", "-o", "/proc/plan.json"),
+    ("check", "--golden", "golden", "--html", "/proc/report.html"),
+    ("check", "--golden", "golden", "--markdown", "/proc/no/such/dir/report.md"),
+    ("update", "--golden", "linked"),
+    ("diff", "existing.json", "existing.json", "--html", "/proc/report.html"),
+    ("diff", "existing.json", "existing.json", "--markdown", "/proc/report.md"),
+    ("compare", "deepseek-tiny", "--html", "/proc/compare.html"),
+    ("advise", "deepseek-tiny", "--html", "/proc/advice.html"),
+    ("advise", "deepseek-tiny", "--csv", "/proc/advice.csv"),
+    ("table", "existing.json", "--csv", "/proc/table.csv"),
+    ("import-maxtext", "empty", "-o", "/proc/plan.json"),
+]
+# What plans, compiles or reads before anything is written: none of it may run when an output is refused.
+PLANNING = [
+    "shardscope.golden.planning.plan_resolved_case",
+    "shardscope.golden.pipeline.plan_step_ref",
+    "shardscope.golden.pipeline.plan_maxtext_case",
+    "shardscope.golden.check.check_goldens",
+    "shardscope.golden.check.update_goldens",
+    "shardscope.golden.runner.dump_cases",
+    "shardscope.advise.sweep.advise",
+    "shardscope.diff.plans.diff_plans",
+    "shardscope.plan.json.load_plan",
+    "shardscope.extract.maxtext_dump.dump_to_plan",
+]
+
+
+@pytest.fixture()
+def nothing_planned(monkeypatch):
+    """Every planning entry point raises if called (an AssertionError, which no command turns into exit 2)."""
+
+    def planned(*args, **kwargs):
+        raise AssertionError("planned before its output was checked")
+
+    for target in PLANNING:
+        monkeypatch.setattr(target, planned)
+
+
+def refused(args: tuple[str, ...], monkeypatch, capsys) -> str:
+    """Runs a command that must stop at its output: exit 2 and one line on stderr, which it returns."""
+    monkeypatch.setattr(sys, "argv", ["shardscope", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2, captured.out + captured.err
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardscope: error: "), captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args", REFUSED_OUTPUTS, ids=" ".join)
+def test_a_refused_output_stops_the_command_before_it_plans(args, workdir, nothing_planned, monkeypatch, capsys):
+    option, path = args[-2:]
+    if args[0] == "update":
+        # A golden set whose model's directory is /proc: update would write its golden there.
+        (workdir / "linked").mkdir()
+        (workdir / "linked" / "cases.yaml").write_text("cases:\n  - {model: deepseek-tiny, preset: default}\n")
+        (workdir / "linked" / "deepseek-tiny").symlink_to("/proc")
+        option, path = "--golden", "linked/deepseek-tiny/cpu-8/default.json"
+    line = refused(args, monkeypatch, capsys)
+    assert f" {option} {path}" in line
+    assert line.endswith(("(No such file or directory)", "(Permission denied)")), line
+
+
+def test_an_output_that_is_a_device_is_refused(workdir, nothing_planned, monkeypatch, capsys):
+    # Written as a file is (a new file renamed over it), /dev/null would become a file for every process.
+    line = refused(("dump", "deepseek-tiny", "-o", "/dev/null"), monkeypatch, capsys)
+    assert line == "shardscope: error: -o /dev/null is not a regular file; give a file name (or - for standard output)"
+    assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a directory's permissions (/proc holds the rule)")
+@pytest.mark.parametrize("target", ["plan.json", "new/plan.json"])
+def test_a_read_only_directory_is_refused_before_planning(target, workdir, nothing_planned, monkeypatch, capsys):
+    (workdir / "read-only").mkdir(mode=0o500)
+    output = f"read-only/{target}"
+    line = refused(("dump", "deepseek-tiny", "-o", output), monkeypatch, capsys)
+    assert line == f"shardscope: error: -o {output}: cannot write in read-only (Permission denied)"
+    assert list((workdir / "read-only").iterdir()) == []

@@ -32,8 +32,6 @@ from shardscope.plan.json import plan_from_json, plan_to_json
 from shardscope.plan.records import TENSORS_ONLY, CaseRecord, TensorRecord
 from shardscope.stages.devices import configure_devices
 
-# Tensor kinds whose placement comes from the rules alone (activations may also be placed physically).
-STATE_KINDS = ("param", "opt_state", "input")
 # Bytes per element of the dtypes plans record.
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "bfloat16": 2, "float16": 2, "int32": 4, "uint32": 4}
 _ITEMSIZE |= {"float32": 4, "int64": 8, "uint64": 8, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}

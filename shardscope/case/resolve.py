@@ -26,6 +26,7 @@ from shardscope.case.rules import drop_unit_axes, entry_axes, resolve_logical
 from shardscope.case.settings import MODEL_SETTABLE, apply_model_settings, check_model
 from shardscope.case.topology import (
     DCN_SETTING,
+    DEFAULT_TOPOLOGY,
     Topology,
     check_spans_slices,
     dcn_axis_of,
@@ -119,7 +120,7 @@ def _split_settings(overrides: Mapping[str, str]) -> tuple[dict[str, str], dict[
 def resolve_case(
     model_name: str,
     preset: str,
-    topology: str = "cpu-8",
+    topology: str = DEFAULT_TOPOLOGY,
     mesh: Mapping[str, int] | None = None,
     overrides: Mapping[str, str] | None = None,
 ) -> Case:
@@ -192,7 +193,7 @@ def resolve_maxtext_case(
     chosen_topology = topology or (
         f"{slices}x{compile_topology}" if compile_topology and slices not in ("1", "-1") else compile_topology
     )
-    chosen_topology = chosen_topology or "cpu-8"
+    chosen_topology = chosen_topology or DEFAULT_TOPOLOGY
     topo = get_topology(chosen_topology)
     run = maxtext_run(
         maxtext,
@@ -382,7 +383,7 @@ def maxtext_search(model_name: str, maxtext: str | Sequence[str], topology: str 
     compile_topology = given.get("compile_topology") or None
     if topology is not None and compile_topology is not None and topology.split("x")[-1] != compile_topology:
         raise ShardscopeError(f"--topology {topology} and --maxtext compile_topology={compile_topology} disagree")
-    topo = get_topology(topology or compile_topology or "cpu-8")
+    topo = get_topology(topology or compile_topology or DEFAULT_TOPOLOGY)
     preset = get_preset(rule or "default")
     run = maxtext_run(
         maxtext, model_name, preset.mesh_axes, topo.num_devices // topo.slices, topo.slices, model.num_experts > 0

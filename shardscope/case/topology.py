@@ -12,6 +12,9 @@ from shardscope.case.presets import Preset
 from shardscope.case.tpu import TPU_EXTRA_HINT, TpuSlice, is_tpu_name, known_tpu_names, libtpu_version, parse_tpu_slice
 from shardscope.errors import MeshError, ShardscopeError, unknown_name
 
+# What a case compiles for when it names no topology. The front ends (the CLI's options, the library's and the
+# pytest plugin's signatures) spell it out: importing this package there would load the model registry on
+# every `--help` (about as long again as the rest of its start-up).
 DEFAULT_TOPOLOGY = "cpu-8"
 _CPU = re.compile(r"cpu-(\d+)")
 MAX_CPU_DEVICES = 4096

@@ -22,6 +22,7 @@ from shardscope.cli.app import (
     NoCacheOption,
     RayOption,
     app,
+    check_writable,
     compile_backend,
     fail,
     make_console,
@@ -74,11 +75,7 @@ def advise_command(
     try:
         if top < 1:
             raise ShardscopeError(f"--top must be at least 1, found {top}")
-        for path, what in ((csv, "--csv"), (html, "--html")):
-            if path is not None:
-                from shardscope.atomic import check_writable  # lazy: off the --help path (no JAX)
-
-                check_writable(path, what)
+        check_writable((csv, "--csv"), (html, "--html"))
         address, workers = compile_backend(ray, jobs)
         if maxtext is not None:
             topology, presets, mesh, settings = _from_maxtext(model, topology, presets, mesh, settings, maxtext)

@@ -63,7 +63,7 @@ def check_command(
         index, count = parse_shard(shard) if shard is not None else (1, 1)
         whole = load_manifest(golden)
         cases = shard_cases(whole, index, count)
-        check_writable((html, "report"), (markdown, "report"))
+        check_writable((html, "--html"), (markdown, "--markdown"))
         address, workers = compile_backend(ray, jobs)
         outcomes = run_with_progress(
             lambda tick: check_goldens(

@@ -17,6 +17,7 @@ from shardscope.cli.app import (
     MeshOption,
     NoCacheOption,
     app,
+    check_writable,
     fail,
     make_console,
 )
@@ -67,10 +68,7 @@ def compare_command(
         if maxtext is not None:
             # Checked (and its warnings shown) once, before any compile: every preset shares the command line.
             resolve_cli_case(model, names[0], topology, mesh, settings, maxtext)
-        if html is not None:
-            from shardscope.atomic import check_writable  # lazy: off the --help path (no JAX)
-
-            check_writable(html, "--html")
+        check_writable((html, "--html"))
         results = {r.case.name: r for r in dump_cases(cases, jobs or default_jobs(), use_cache=not no_cache)}
         failed = [r for r in results.values() if r.plan_json is None]
         if failed:

@@ -49,7 +49,7 @@ def diff_command(
     from shardscope.report.markdown import render_markdown
 
     try:
-        check_writable((html, "report"), (markdown, "report"))
+        check_writable((html, "--html"), (markdown, "--markdown"))
         diff = diff_plans(load_plan(old), load_plan(new), hardware=hardware, efficiency=efficiency)
     except ShardscopeError as err:
         fail(err)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from shardscope.cli.app import JsonOption, OutputOption, app, fail, make_console, write_output
+from shardscope.cli.app import JsonOption, OutputOption, app, check_writable, fail, make_console, write_output
 from shardscope.errors import ShardscopeError
 
 
@@ -28,10 +28,7 @@ def import_maxtext_command(
     from shardscope.extract.maxtext_dump import dump_to_plan  # lazy: off the --help path (no JAX)
 
     try:
-        if output is not None and str(output) != "-":
-            from shardscope.atomic import check_writable  # lazy: off the --help path (no JAX)
-
-            check_writable(output, "-o")
+        check_writable((output, "-o"))
         plan = dump_to_plan(directory, model)
     except ShardscopeError as err:
         fail(err)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from shardscope.cli.app import JsonOption, app, fail, make_console
+from shardscope.cli.app import JsonOption, app, check_writable, fail, make_console
 from shardscope.errors import ShardscopeError
 
 
@@ -27,6 +27,7 @@ def table_command(
     from shardscope.plan.json import load_plan
 
     try:
+        check_writable((csv, "--csv"))
         plan = load_plan(plan_file)
         if tensors:
             frame = tensors_frame(plan)
@@ -39,9 +40,8 @@ def table_command(
                 raise ShardscopeError(f"{plan_file} holds tensors only (made without compiling): no traffic to group")
             frame = traffic_by(plan, groups)
         if csv is not None and str(csv) != "-":
-            from shardscope.atomic import check_writable, write_atomic  # lazy: off the --help path (no JAX)
+            from shardscope.atomic import write_atomic  # lazy: off the --help path (no JAX)
 
-            check_writable(csv, "--csv")
             write_atomic(csv, frame.to_csv(index=False))
     except ShardscopeError as err:
         fail(err)

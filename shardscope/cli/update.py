@@ -15,6 +15,7 @@ from shardscope.cli.app import (
     NoCacheOption,
     RayOption,
     app,
+    check_writable,
     compile_backend,
     fail,
     make_console,
@@ -36,12 +37,15 @@ def update_command(
     # lazy: off the --help path
     from shardscope.golden.cases import load_manifest, select_cases
     from shardscope.golden.check import outcome_to_json, update_goldens
-    from shardscope.golden.store import orphan_goldens
+    from shardscope.golden.store import golden_path, orphan_goldens
     from shardscope.report.check import outcome_table
 
     try:
         all_cases = load_manifest(golden)
         chosen = select_cases(all_cases, cases_wanted or [])
+        # Every golden it would write, one per directory (the others there are written alike).
+        goldens = {golden_path(golden, case).parent: golden_path(golden, case) for case in chosen}
+        check_writable(*((path, "--golden") for path in goldens.values()))
         address, workers = compile_backend(ray, jobs)
         outcomes = run_with_progress(
             lambda tick: update_goldens(golden, chosen, workers, tick, not no_cache, address), chosen, "updating"

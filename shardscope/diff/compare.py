@@ -10,19 +10,8 @@ from typing import Any
 from shardscope.plan.document import Plan
 from shardscope.plan.frames import GROUPINGS, collectives_frame, tensors_frame
 
-# Sections of a comparison, in order: (title, what the numbers are).
+# The label of the rows whose groups belong to no mesh axis.
 UNMATCHED = "(groups of no mesh axes)"
-SECTIONS = (
-    ("traffic", "bytes per device per step"),
-    ("traffic per mesh axis", "bytes per device per step"),
-    ("traffic per op", "bytes per device per step"),
-    ("traffic per pass", "bytes per device per step"),
-    ("memory (compiler)", "bytes per device"),
-    ("tensor bytes", "bytes per device"),
-    ("estimated time", "seconds per step"),
-    ("estimated time per mesh axis", "seconds per step"),
-    ("estimated HBM need", "bytes per device"),
-)
 # Sections whose values are seconds (the rest are bytes).
 TIME_SECTIONS = frozenset(("estimated time", "estimated time per mesh axis"))
 

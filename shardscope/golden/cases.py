@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from shardscope.case.topology import DEFAULT_TOPOLOGY
 from shardscope.errors import ShardscopeError, unknown_name
 from shardscope.verify.records import AGAINST_ONE_DEVICE
 
@@ -45,7 +46,7 @@ class GoldenCase:
 
     model: str
     preset: str  # a built-in name, or a preset file (resolved against the golden directory)
-    topology: str = "cpu-8"
+    topology: str = DEFAULT_TOPOLOGY
     mesh: str = ""  # as --mesh takes it
     settings: tuple[str, ...] = ()  # as --set takes them
     name: str = ""  # file stem; the preset when empty
@@ -164,7 +165,7 @@ def _parse_case(item: Any, path: Path, index: int, default_hardware: str | None 
     efficiency = item.get("efficiency")
     if efficiency is not None and (isinstance(efficiency, bool) or not isinstance(efficiency, int | float)):
         raise ShardscopeError(f"{where}: 'efficiency' must be a number in (0, 1], found {efficiency!r}")
-    topology = str(item.get("topology", "cpu-8"))
+    topology = str(item.get("topology", DEFAULT_TOPOLOGY))
     # The manifest's hardware prices the CPU cases; a TPU case prices as its own topology unless it names one.
     hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
     case = GoldenCase(
@@ -212,7 +213,7 @@ def _parse_step_case(item: dict[str, Any], path: Path, where: str, default_hardw
     module, sep, function = step.rpartition(":")
     if sep and module.endswith(".py") and not Path(module).is_absolute():
         step = f"{path.parent / module}:{function}"
-    topology = str(item.get("topology", "cpu-8"))
+    topology = str(item.get("topology", DEFAULT_TOPOLOGY))
     hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
     efficiency = item.get("efficiency")
     case = GoldenCase(
@@ -239,7 +240,7 @@ def _parse_maxtext_case(item: dict[str, Any], path: Path, where: str, default_ha
         raise ShardscopeError(
             f"{where}: {item['model']} is configured by MaxText's command line ('maxtext'); {extra[0]!r} does not apply"
         )
-    topology = str(item.get("topology", "cpu-8"))
+    topology = str(item.get("topology", DEFAULT_TOPOLOGY))
     hardware = item.get("hardware", default_hardware if topology.startswith("cpu-") else None)
     efficiency = item.get("efficiency")
     checkout = str(item.get("maxtext_path", ""))

@@ -38,11 +38,6 @@ def step_label(estimate: Estimate) -> str:
     return f"≈ {human_seconds(estimate.expected)} expected ({route_label(estimate)}); bounds {bounds}"
 
 
-def step_method_label(estimate: Estimate) -> str | None:
-    """How the expected figure was reached, for the line under it."""
-    return estimate.expected_method
-
-
 def compute_label(estimate: Estimate) -> str:
     """ "12.1 ms (compute-bound, 5.55 TFLOP / device)", or why it is unknown."""
     compute = estimate.compute

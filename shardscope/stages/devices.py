@@ -25,12 +25,15 @@ def quiet_libtpu() -> None:
 
     Without these, libtpu looks for host bounds and worker host names and logs an error for each, and it
     writes a log file per process under /tmp/tpu_logs; concurrent processes would also fight over its
-    lock file.
+    lock file. Its compiler also writes every line at or above its minimum level into files of its own in
+    the temporary directory (`tpu_driver.*.log.*`, kept after the process ends): its minimum is the level
+    it shows on stderr, so those files hold nothing the user did not ask to see (by default, nothing).
     """
     for key, value in {
         "TPU_HOST_BOUNDS": "1,1,1",
         "TPU_WORKER_HOSTNAMES": "localhost",
         "TPU_LOG_DIR": "disabled",
+        "TPU_MIN_LOG_LEVEL": os.environ.get("TPU_STDERR_LOG_LEVEL", "3"),
         "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
         "TPU_SKIP_MDS_QUERY": "1",
     }.items():
