@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from shardscope.case.resolve import Case
 
 
+def options_given(*options: tuple[str, object]) -> list[str]:
+    """The names of the options the user gave, of (name, value) pairs (a falsy value: not given)."""
+    return [name for name, value in options if value]
+
+
 def warn(lines: Sequence[str]) -> None:
     """Warnings, one line each, on standard error (the output stays clean for pipes)."""
     for line in lines:
@@ -71,9 +76,7 @@ def resolve_cli_maxtext_case(
     from shardscope.case.maxtext_run import parse_maxtext_args
     from shardscope.case.topology import get_topology
 
-    given = [
-        option for option, value in (("--preset", preset != "default"), ("--mesh", mesh), ("--set", settings)) if value
-    ]
+    given = options_given(("--preset", preset != "default"), ("--mesh", mesh), ("--set", settings))
     if given:
         raise ShardscopeError(
             f"{model} is MaxText's own program, configured by MaxText's command line: {', '.join(given)} does not "
@@ -110,15 +113,8 @@ def check_model_or_step(
     if (model is None) == (step is None):
         raise ShardscopeError("dump needs a model name or --step module:function (one of them)")
     if step is not None:
-        given = [
-            option
-            for option, value in (
-                ("--preset", preset != "default"),
-                ("--mesh", mesh),
-                ("--set", settings),
-                ("--tensors-only", tensors_only),
-            )
-            if value
-        ]
+        given = options_given(
+            ("--preset", preset != "default"), ("--mesh", mesh), ("--set", settings), ("--tensors-only", tensors_only)
+        )
         if given:
             raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shardscope.cli.app import JsonOption, MeshOption, PresetOption, app, fail, quiet_compiler_logs
+from shardscope.cli.case_options import options_given
 from shardscope.errors import ShardscopeError, unknown_name
 from shardscope.verify.records import AGAINST_ONE_DEVICE as ONE_DEVICE
 
@@ -98,16 +99,9 @@ def check_options(
     if (model is None) == (step is None):
         raise ShardscopeError("verify needs a model name or --step module:function (one of them)")
     if step is not None:
-        given = [
-            option
-            for option, value in (
-                ("--preset", preset != "default"),
-                ("--mesh", mesh),
-                ("--set", settings),
-                ("--steps", steps is not None),
-            )
-            if value
-        ]
+        given = options_given(
+            ("--preset", preset != "default"), ("--mesh", mesh), ("--set", settings), ("--steps", steps is not None)
+        )
         if given:
             raise ShardscopeError(
                 f"--step brings its own mesh and shardings and runs once: {', '.join(given)} does not apply"
