@@ -15,7 +15,7 @@ import jax
 
 from shardscope.case.rules import drop_unit_axes
 from shardscope.extract.collectives import extract_collectives
-from shardscope.extract.maxtext_dump import activation_records, normalize_path, read_activations, state_record
+from shardscope.extract.maxtext_dump import activation_records, read_activations, state_record
 from shardscope.extract.plans import compute_of, memory_of, provenance
 from shardscope.extract.state_paths import canonical_state_path
 from shardscope.extract.tensors import normalize_spec, output_tensors, spec_of
@@ -26,11 +26,6 @@ from shardscope.plan.records import SCHEMA, TENSORS_ONLY, CaseRecord, TensorReco
 from shardscope.stages.maxtext_program import MaxTextStep, maxtext_rules
 
 
-def _dump_key(key_path: Any) -> str:
-    """A state leaf's key as MaxText's sharding dump writes it (`.params/['params']/['decoder']/…`)."""
-    return "/".join(str(part) for part in key_path)
-
-
 def _is_spec(leaf: Any) -> bool:
     return leaf is None or isinstance(leaf, jax.sharding.PartitionSpec)
 
@@ -38,7 +33,7 @@ def _is_spec(leaf: Any) -> bool:
 def _linen_logical(step: MaxTextStep) -> dict[str, tuple[str | None, ...]]:
     """MaxText's logical annotation of every state leaf of a Linen train state, by its normalised path."""
     leaves = jax.tree_util.tree_flatten_with_path(step.logical, is_leaf=_is_spec)[0]
-    return {normalize_path(_dump_key(key_path)): logical_names(leaf) for key_path, leaf in leaves if leaf is not None}
+    return {_state_path(key_path): logical_names(leaf) for key_path, leaf in leaves if leaf is not None}
 
 
 def logical_names(entries: Any) -> tuple[str | None, ...]:
@@ -47,7 +42,8 @@ def logical_names(entries: Any) -> tuple[str | None, ...]:
     return tuple(None if e is None else e if isinstance(e, str) else ",".join(map(str, e)) for e in entries)
 
 
-def _nnx_path(key_path: Any) -> str:
+def _state_path(key_path: Any) -> str:
+    """A state leaf's plan path from its pytree keys, a Linen `TrainState`'s and an NNX state's alike."""
     return canonical_state_path([str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in key_path])
 
 
@@ -58,7 +54,7 @@ def _nnx_variables(state: Any) -> dict[str, Any] | None:
     if not isinstance(state, nnx.State):
         return None
     leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
-    return {_nnx_path(key_path): variable for key_path, variable in leaves}
+    return {_state_path(key_path): variable for key_path, variable in leaves}
 
 
 def _nnx_kind(variable: Any) -> str:
@@ -78,14 +74,11 @@ def _state_tensors(step: MaxTextStep, sizes: dict[str, int]) -> dict[str, Tensor
     for (key_path, leaf), sharding in zip(leaves, shardings, strict=True):
         spec = normalize_spec(spec_of(sharding), len(leaf.shape))
         shape = tuple(leaf.shape)
-        if variables is None:
-            path = normalize_path(_dump_key(key_path))
-            if path == "step":
-                continue  # the train state's step counter: a scalar no sharding rule touches, as import-maxtext
-            tensors[path] = state_record(path, shape, leaf.dtype, logical.get(path, ()), spec, sizes)
-            continue
-        path = _nnx_path(key_path)
+        path = _state_path(key_path)
         if path == "step":
+            continue  # the train state's step counter: a scalar no sharding rule touches, as import-maxtext
+        if variables is None:
+            tensors[path] = state_record(path, shape, leaf.dtype, logical.get(path, ()), spec, sizes)
             continue
         variable = variables[path]
         names = variable.get_metadata().get("out_sharding") or ()

@@ -162,12 +162,6 @@ def _mesh(case: MaxTextCase, config: Any) -> Any:
     return Mesh(grid, config.mesh_axes, axis_types=(axis_type,) * len(config.mesh_axes))
 
 
-def _activation_dump() -> Any:
-    from maxtext.utils import sharding  # lazy: MaxText is an optional extra
-
-    return sharding
-
-
 def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool = True) -> MaxTextStep:
     """MaxText's train step of a case: its state and shardings, and (with `lower`) its lowered and (with
     `compile_step`) compiled program.
