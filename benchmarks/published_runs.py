@@ -8,17 +8,20 @@ compiling one takes minutes to half an hour here, pricing it milliseconds, so a 
 measured on every run at once, and the calibration (`calibrate.py`) reads the same files.
 
   python benchmarks/published_runs.py                  the table: measured, expected per route, error, MAPE
-  python benchmarks/published_runs.py --markdown       the same table for the README
+  python benchmarks/published_runs.py --markdown       the same table in Markdown
+  python benchmarks/published_runs.py --write          rewrite PUBLISHED_RUNS.md and the README's summary
+  python benchmarks/published_runs.py --check          exit 1 when either is stale
   python benchmarks/published_runs.py --plan ID [...]  (re)plan runs (`all`: every plannable run), --route cpu|tpu
 
-Dense runs of one slice are what `calibrate.py` fits the constants of `hardware.yaml` to; MoE runs, runs over
-several slices and seed 003 are validation only. Each error is expected / measured - 1.
+The runs `fitting_set.yaml` names are what `calibrate.py` fits the constants of `hardware.yaml` to; every other
+run validates. Each error is expected / measured - 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import subprocess
 import sys
@@ -42,7 +45,7 @@ EXTRA_RUNS = [
     {
         "id": f"seed003-{name}-{mode}",
         "model": "llama2-7b",
-        "kind": "dense (seed 003, validation)",
+        "kind": "dense (seed 003)",
         "topology": "v5p-8",
         "num_slices": 1,
         "devices": 4,
@@ -53,7 +56,6 @@ EXTRA_RUNS = [
         # lines (benchmarks/maxtext_programs/memory.json) allocate heaps within 0.1% of the figures read as MiB.
         "measured_memory_bytes": memory_mib * 2**20,
         "fit_quality": "seed",
-        "validation_only": True,
     }
     for name, command, mode, seconds, memory_mib in (
         ("fsdp-pp", SEED_003, "auto", 4.567, 48219),
@@ -79,8 +81,8 @@ class Row:
 
     @property
     def fitted(self) -> bool:
-        """Whether the calibration uses it: a dense catalogue run of one slice (`fits_constants`) with a measured
-        step time (logged, or derived from a logged or tabled throughput)."""
+        """Whether the calibration uses it: a run of the fitting set (`fits_constants`) with a measured step
+        time (logged, or derived from a logged or tabled throughput)."""
         return fits_constants(self.run) and self.measured is not None
 
     def error(self, route: str) -> float | None:
@@ -95,11 +97,17 @@ def catalogue() -> list[dict[str, Any]]:
     return [*yaml.safe_load(CATALOGUE.read_text())["runs"], *EXTRA_RUNS]
 
 
+def through_maxtext(run: dict[str, Any]) -> bool:
+    """Whether a run is planned through `maxtext:MODEL` (MaxText's own program: its family has no reference
+    model here), on the TPU route only."""
+    return run.get("route") == "maxtext"
+
+
 def plannable(run: dict[str, Any]) -> str | None:
     """Why a run cannot be planned here, or None."""
     from reference_models import MODELS
 
-    if run["model"] not in MODELS:
+    if run["model"] not in MODELS and not through_maxtext(run):
         return "model not a shardscope flavor"
     if any(q in str(run.get("precision")) for q in ("int8", "fp8")):
         return f"quantized ({run['precision']})"
@@ -108,12 +116,28 @@ def plannable(run: dict[str, Any]) -> str | None:
     return None
 
 
+FITTING_SET = ROOT / "fitting_set.yaml"
+
+
+@functools.cache
+def fitting_ids() -> frozenset[str]:
+    """The runs that fit the cost model's constants (`fitting_set.yaml`): every other run validates.
+
+    Raises:
+      SystemExit: the list names a run the catalogue does not have."""
+    named = yaml.safe_load(FITTING_SET.read_text())["runs"]
+    known = {run["id"] for run in catalogue()}
+    unknown = sorted(set(named) - known)
+    if unknown:
+        raise SystemExit(f"{FITTING_SET.name}: no such run in the catalogue: {', '.join(unknown)}")
+    return frozenset(named)
+
+
 def fits_constants(run: dict[str, Any]) -> bool:
-    """Whether the calibration may fit its constants to a run: a dense run of one slice. Seed 003 is held out
-    (validation); so is a run over several slices, whose traffic between slices is not in its compiled
-    program (compiled per slice) but inferred from its parameters' shardings, once a step: a floor, which
-    fitted compute constants would absorb."""
-    return run.get("kind") == "dense" and not run.get("validation_only") and _slices(run) == 1
+    """Whether the calibration may fit its constants to a run: it is on the declared list (`fitting_set.yaml`,
+    which says why each run is there). Every other run, seed 003's and those over several slices included,
+    only validates."""
+    return run["id"] in fitting_ids()
 
 
 def _slices(run: dict[str, Any]) -> int:
@@ -167,6 +191,12 @@ def plan_run(run: dict[str, Any], route: str) -> None:
     import shardscope
     from shardscope.errors import MemoryExhaustedError, ShardscopeError
 
+    if through_maxtext(run):
+        raise ShardscopeError(
+            f"{run['id']} plans through maxtext:{run['model']} (Python 3.12 with MaxText): "
+            f"shardscope dump maxtext:{run['model']} --topology {run['topology']} --maxtext '…' "
+            f"-o {plan_path(run, 'tpu')}"
+        )
     words, dropped = command_line(run, route)
     topology = "cpu-8" if route == "tpu" else f"cpu-{run['devices']}"  # compile_topology names the TPU one
     print(f"planning {run['id']} ({route} route){' without ' + ', '.join(dropped) if dropped else ''}", flush=True)
@@ -236,6 +266,8 @@ def planned_without(run: dict[str, Any], route: str) -> tuple[str, ...]:
     import shardscope
     from shardscope.case.resolve import resolve_maxtext_case
 
+    if through_maxtext(run):
+        return ()  # its notes in the catalogue say which keys its plan was made without
     planned = dict(shardscope.load_plan(plan_path(run, route)).case.overrides)
     words, _ = command_line(run, route)
     with warnings.catch_warnings():
@@ -263,10 +295,7 @@ def mape(errors: list[float]) -> str:
     return f"{100 * sum(abs(e) for e in errors) / len(errors):.1f}%" if errors else "–"
 
 
-def _held_out(run: dict[str, Any]) -> str:
-    """Why a dense run is validation only (nothing for MoE runs, which always are)."""
-    if run.get("kind") != "dense" or run.get("validation_only"):
-        return ""
+def _slices_note(run: dict[str, Any]) -> str:
     return f" ({_slices(run)} slices)" if _slices(run) > 1 else ""
 
 
@@ -282,7 +311,7 @@ def table(found: list[Row], markdown: bool) -> str:
     header = ["run", "kind", "measured", "TPU route", "error", "CPU route", "error"]
     lines = []
     for row in found:
-        kind = "dense, fitted" if row.fitted else f"{row.run.get('kind')}{_held_out(row.run)}, validation"
+        kind = f"{row.run.get('kind')}{_slices_note(row.run)}, {'fitted' if row.fitted else 'validation'}"
         measured = _seconds(row.measured) + (" (derived)" if row.measured_kind == "derived" else "")
         lines.append(
             [
@@ -310,32 +339,70 @@ def table(found: list[Row], markdown: bool) -> str:
             f"{bullet}† {plans} planned before {its} command line's {', '.join(missing)} was modelled: "
             f"priced without it until replanned (`--plan ID --route tpu|cpu`); the MAPEs include {them}"
         )
-    for route in ROUTES:
-        for label, pick in (("fitted (dense)", True), ("validation", False)):
-            errors = [e for r in found if r.fitted == pick and (e := r.error(route)) is not None]
-            out.append(f"{bullet}{route.upper()} route, {label}: MAPE {mape(errors)} over {len(errors)} runs")
-        moe = [r for r in found if r.run.get("kind") == "moe" and r.error(route) is not None]
-        errors = [r.error(route) for r in moe]
-        worst = max((abs(e) for e in errors), default=0.0)
-        out.append(
-            f"{bullet}{route.upper()} route, MoE runs: MAPE {mape(errors)} over {len(errors)} runs, "
-            f"worst {100 * worst:.1f}%; {order(moe, route)}"
-        )
+    out += [bullet + line for line in summary(found)]
     return "\n".join(out)
+
+
+APART = 0.05  # pairs of runs measured closer than this are too close to call for the order check
+OUTSIDE = 0.20  # a validation error beyond this is named
+
+
+def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = None) -> list[str]:
+    """The figures the table comes to, per route: the fitting runs' MAPE (in sample, and each left out of
+    the fit when `left_out` gives (run id, route) → error), the validation runs' MAPE, worst error, the runs
+    outside ±20% and the published order, the validation MoE runs' and the families planned through
+    maxtext:, and how far the CPU route's expected step is from the TPU route's."""
+    lines = []
+    for route in ROUTES:
+        name = route.upper()
+        fitted = [e for r in found if r.fitted and (e := r.error(route)) is not None]
+        loo = [e for (run, where), e in (left_out or {}).items() if where == route]
+        out_of_sample = f", {mape(loo)} each left out of the fit" if loo else ""
+        lines.append(
+            f"{name} route, fitting runs: MAPE {mape(fitted)} in sample{out_of_sample}, over {len(fitted)} runs"
+        )
+        validation = [r for r in found if not r.fitted and r.error(route) is not None]
+        errors = [r.error(route) or 0.0 for r in validation]
+        outside = [r.run["id"] for r in validation if abs(r.error(route) or 0.0) > OUTSIDE]
+        worst = max((abs(e) for e in errors), default=0.0)
+        lines.append(
+            f"{name} route, validation runs: MAPE {mape(errors)} over {len(errors)} runs, worst {100 * worst:.1f}%, "
+            f"{len(outside)} outside ±{100 * OUTSIDE:.0f}%{' (' + ', '.join(outside) + ')' if outside else ''}; "
+            f"{order(validation, route)}"
+        )
+        for label, pick in (
+            ("validation MoE runs", lambda r: r.run.get("kind") == "moe"),
+            ("validation runs planned through maxtext:MODEL", lambda r: through_maxtext(r.run)),
+        ):
+            chosen = [r.error(route) or 0.0 for r in validation if pick(r)]
+            if chosen:
+                worst = max(abs(e) for e in chosen)
+                lines.append(
+                    f"{name} route, {label}: MAPE {mape(chosen)} over {len(chosen)} runs, worst {100 * worst:.1f}%"
+                )
+    both = [r for r in found if r.expected["tpu"] and r.expected["cpu"]]
+    if both:
+        gaps = [abs((r.expected["cpu"] or 0) / (r.expected["tpu"] or 1) - 1) for r in both]
+        within = sum(g <= 0.10 for g in gaps)
+        lines.append(
+            f"CPU route against the TPU route: within 10% on {within} of {len(both)} runs compiled both ways, "
+            f"at most {100 * max(gaps):.1f}% apart"
+        )
+    return lines
 
 
 def order(rows: list[Row], route: str) -> str:
     """How many pairs of runs the expected steps order as the measured ones do (ties in either count as
-    ordered; pairs measured within 2% of each other are left out as too close to call)."""
+    ordered; pairs measured within `APART` of each other are left out as too close to call)."""
     kept = agreed = 0
     for i, a in enumerate(rows):
         for b in rows[i + 1 :]:
-            if a.measured is None or b.measured is None or abs(a.measured / b.measured - 1) < 0.02:
+            if a.measured is None or b.measured is None or abs(a.measured / b.measured - 1) < APART:
                 continue
             kept += 1
             mine = (a.expected[route] or 0) - (b.expected[route] or 0)
             agreed += mine == 0 or (mine > 0) == (a.measured > b.measured)
-    return f"published order kept in {agreed} of {kept} pairs (pairs within 2% left out)"
+    return f"published order kept in {agreed} of {kept} pairs more than {100 * APART:.0f}% apart"
 
 
 def _gb(value: float | None) -> str:
@@ -412,12 +479,97 @@ def memory_table(markdown: bool) -> str:
     return "\n".join("  ".join(line) for line in [header, *lines])
 
 
+PAGE = ROOT / "PUBLISHED_RUNS.md"
+README = ROOT.parent / "README.md"
+README_START = "<!-- validation summary: generated by `python benchmarks/published_runs.py --write` -->"
+README_END = "<!-- end of validation summary -->"
+
+
+def calibration_id() -> str:
+    """A name for the calibration the figures were priced under: a hash of hardware.yaml's fitted constants
+    and of the fitting set (the same constants and set give the same name on every machine)."""
+    import hashlib
+
+    table = yaml.safe_load((ROOT.parent / "shardscope" / "case" / "hardware.yaml").read_text())["calibration"]
+    text = yaml.safe_dump(table, sort_keys=True) + FITTING_SET.read_text()
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def left_out_errors() -> dict[tuple[str, str], float]:
+    """Each fitting run's error on each route at the fit without it (calibrate.py's leave-one-out)."""
+    import calibrate
+
+    runs = calibrate.fitting_runs(catalogue())
+    found = calibrate.errors(runs, calibrate.fit(runs), calibrate.leave_one_out(runs))
+    return {(e.run, e.route): e.left_out for e in found if e.left_out is not None}
+
+
+def page(found: list[Row], left_out: dict[tuple[str, str], float]) -> str:
+    """PUBLISHED_RUNS.md: the summary, every run's row, its command line and the memory table."""
+    header = ["run", "kind", "topology", "set", "measured", "TPU route", "error", "CPU route", "error"]
+    lines = [
+        "# MaxText's published runs, priced by shardscope",
+        "",
+        "Generated by `python benchmarks/published_runs.py --write` from the plans in `benchmarks/plans/`, priced",
+        f"under calibration `{calibration_id()}` (`shardscope/case/hardware.yaml`, fitted by `benchmarks/calibrate.py`",
+        "on the runs `benchmarks/fitting_set.yaml` names; every other run is a validation run). Every expected step",
+        "is an estimate: the TPU route's from the step compiled ahead of time for the run's TPU topology, the CPU",
+        "route's from the step compiled on as many fake CPU devices and priced as the run's TPU generation.",
+        "Error = expected / measured - 1. A test fails when this page is stale.",
+        "",
+        *(f"- {line}" for line in summary(found, left_out)),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for row in found:
+        measured = _seconds(row.measured) + (" (derived)" if row.measured_kind == "derived" else "")
+        cells = [
+            row.run["id"],
+            f"{row.run.get('kind')}{_slices_note(row.run)}",
+            row.run["topology"] if _slices(row.run) == 1 else f"{_slices(row.run)} × {row.run['topology']}",
+            "fitted" if row.fitted else "validation",
+            measured,
+            _seconds(row.expected["tpu"]),
+            _error(row.error("tpu")),
+            _seconds(row.expected["cpu"]),
+            _error(row.error("cpu")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Command lines",
+        "",
+        "Each run's MaxText command line as published (the keys after the model's).",
+        "",
+    ]
+    for row in found:
+        through = f" (planned as `maxtext:{row.run['model']}`)" if through_maxtext(row.run) else ""
+        lines.append(f"- `{row.run['id']}`{through}: `{row.run['overrides']}`")
+    lines += ["", "## Memory", "", memory_table(True), ""]
+    return "\n".join(lines)
+
+
+def readme_with(text: str, found: list[Row], left_out: dict[tuple[str, str], float]) -> str:
+    """The README with its validation summary (between its two markers) regenerated; unchanged without them."""
+    if README_START not in text:
+        return text
+    before, rest = text.split(README_START, 1)
+    _, after = rest.split(README_END, 1)
+    block = "\n".join(f"- {line}" for line in summary(found, left_out))
+    return f"{before}{README_START}\n{block}\n{README_END}{after}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", nargs="*", metavar="ID", help="(re)plan these runs ('all': every plannable run)")
     parser.add_argument("--route", choices=ROUTES, default="tpu")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--memory", action="store_true", help="the memory table: each run's HBM need")
+    parser.add_argument("--write", action="store_true", help=f"rewrite {PAGE.name} and the README's summary")
+    parser.add_argument(
+        "--check", action="store_true", help=f"exit 1 when {PAGE.name} or the README's summary is stale"
+    )
     args = parser.parse_args(argv)
     if args.plan is not None:
         runs = {run["id"]: run for run in catalogue()}
@@ -447,6 +599,20 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print("no stored plans: run with --plan first", file=sys.stderr)
         return 1
+    if args.write or args.check:
+        from shardscope.atomic import write_atomic
+
+        left_out = left_out_errors()
+        wanted = {PAGE: page(found, left_out), README: readme_with(README.read_text(), found, left_out)}
+        stale = [path for path, text in wanted.items() if not path.exists() or path.read_text() != text]
+        if args.check:
+            for path in stale:
+                print(f"{path.name} is stale: run python benchmarks/published_runs.py --write", file=sys.stderr)
+            return 1 if stale else 0
+        for path in stale:
+            write_atomic(path, wanted[path])
+            print(f"wrote {path.name}")
+        return 0
     print("Expected step time (estimates) against MaxText's measured step times; error = expected / measured - 1")
     print(table(found, args.markdown))
     return 0

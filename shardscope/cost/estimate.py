@@ -22,7 +22,7 @@ from shardscope.cost.step import expected_step, per_op_compute, tpu_execution
 from shardscope.hlo.profile import WorkBin
 from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
-from shardscope.plan.estimate import PER_OP, WHOLE_STEP, ComputeTime, Estimate, PricedRow, RowTime
+from shardscope.plan.estimate import PER_OP, Estimate, PricedRow, RowTime
 from shardscope.plan.records import CollectiveRow, axes_label, is_routed_expert
 
 BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
@@ -126,7 +126,7 @@ def estimate_plan(
       exact_memory: whether a TPU plan's compiled memory figures describe this hardware (False when a plan
         compiled for one generation is priced on another: its need is then estimated from the tensors).
       work: the plan's work profile: with it, compute is priced op by op and `expected` overlaps per loop
-        body; without it, the whole-step roofline stands in.
+        body; without it, there is no expected figure (the bounds remain).
       route: which compile the figures come from, for every label that prints them.
       cpu_program: the plan is a CPU compile's (its ops' bytes are priced as a TPU's would be, and the rows
         only a CPU compile has take no time).
@@ -149,7 +149,7 @@ def estimate_plan(
     compute = compute_time(hardware, flops, bytes_accessed)
     communication = sum(t.seconds for _, t in pairs if t.seconds is not None)
     width = expert_width(plan)
-    expected, method = _expected(compute, communication, work, pairs, hardware, cpu_program, width)
+    expected, method = _expected(work, pairs, hardware, cpu_program, width)
     if work:
         compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware, cpu_program, width))
     return Estimate(
@@ -176,17 +176,15 @@ def estimate_plan(
 
 
 def _expected(
-    compute: ComputeTime,
-    communication: float,
     work: Sequence[WorkBin],
     pairs: Sequence[tuple[CollectiveRow, RowTime]],
     hardware: Hardware,
     cpu_program: bool,
     width: int,
 ) -> tuple[float | None, str | None]:
-    if work:
-        return expected_step(work, pairs, hardware, cpu_program, width), PER_OP
-    if compute.flops is None:
+    # Without a work profile (a plan saved before plans had one) there is no expected figure: the whole-step
+    # totals priced at the calibrated rates would not lie between the bounds, which price them at peak, and
+    # the constants were fitted per op. Every compiled plan has a profile now.
+    if not work:
         return None, None
-    calibrated = max(compute.flops_seconds / hardware.mxu_efficiency, compute.memory_seconds / hardware.hbm_efficiency)
-    return max(calibrated, communication), WHOLE_STEP
+    return expected_step(work, pairs, hardware, cpu_program, width), PER_OP

@@ -148,4 +148,6 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
         memory=memory_of(compiled, devices.platform),
         schema=SCHEMA,
         compute=compute_of(module),
+        # Priced op by op as every compiled plan is (a user's program and a reference model's alike).
+        work=work_profile(module, cpu_program=devices.platform == "cpu", explicit_reductions=explicit),
     )

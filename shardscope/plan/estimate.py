@@ -95,7 +95,6 @@ class PricedRow:
 
 # How `Estimate.expected` was reached.
 PER_OP = "per-op roofline, collectives overlapped per loop body"
-WHOLE_STEP = "whole-step roofline, collectives overlapped (no per-op profile in the plan)"
 
 
 @dataclass(frozen=True)
