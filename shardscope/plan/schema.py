@@ -135,8 +135,8 @@ class MemoryDocument(TypedDict):
     over: NotRequired[int]
 
 
-class EstimateDocument(TypedDict):
-    """What the plan costs on one target TPU; `rows` are aligned with the plan's `collectives`."""
+class EstimateTotals(TypedDict):
+    """What a plan costs on one target TPU, without its per-row times (what a diff carries of each side)."""
 
     __pydantic_config__ = _OPEN  # type: ignore[misc]
 
@@ -147,8 +147,6 @@ class EstimateDocument(TypedDict):
     efficiency: float
     efficiency_source: str
     figures_source: str
-    rows: list[RowTime]
-    cross_slice: list[CrossSliceRow]
     by_axes: dict[str, float]
     by_op: dict[str, float]
     by_pass: dict[str, float]
@@ -158,6 +156,15 @@ class EstimateDocument(TypedDict):
     step: NotRequired[StepDocument]
     route: NotRequired[str]
     memory: MemoryDocument
+
+
+class EstimateDocument(EstimateTotals):
+    """What the plan costs on one target TPU; `rows` are aligned with the plan's `collectives`."""
+
+    __pydantic_config__ = _OPEN  # type: ignore[misc]
+
+    rows: list[RowTime]
+    cross_slice: list[CrossSliceRow]
 
 
 class PlanDocument(TypedDict):
