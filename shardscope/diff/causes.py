@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardscope.case.rules import entry_axes
-from shardscope.diff.changes import MESH, Change, ChangeKind, CollectiveSide, RuleChange
+from shardscope.diff.changes import MESH, Change, CollectiveSide, RuleChange
+from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS
 from shardscope.plan.records import Cause, RuleCause
 
 __all__ = ["explain_collective_changes", "merged_cause", "side_traffic", "traffic_delta"]
-
-_COLLECTIVE_KINDS = (ChangeKind.COLLECTIVE_ADDED, ChangeKind.COLLECTIVE_REMOVED, ChangeKind.COLLECTIVE_CHANGED)
 
 
 def merged_cause(causes: Sequence[Cause | None]) -> Cause | None:
@@ -117,7 +116,7 @@ def explain_collective_changes(
     placed: dict[tuple[Any, ...], tuple[str, tuple[str, ...], tuple[str, ...]]] = {}
     unexplained: list[Change] = []
     for change in changes:
-        if change.kind not in _COLLECTIVE_KINDS:
+        if change.kind not in COLLECTIVE_CHANGE_KINDS:
             continue
         keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = {}
         for side in change.collective_sides:
