@@ -285,7 +285,7 @@ SEEDS = [(m, p) for m in ("deepseek-tiny", "mixtral-tiny") for p in ("ep-as-cp",
 
 def _delta(change) -> int:
     def traffic(side):
-        return (side or {}).get("traffic") or 0
+        return 0 if side is None else side.traffic or 0
 
     return abs(traffic(change.after) - traffic(change.before))
 

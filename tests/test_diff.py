@@ -14,10 +14,12 @@ from shardscope.diff import (
     Change,
     DimChange,
     FieldChange,
+    changes_from_json,
     diff_plans,
     group_tensor_changes,
     within_tolerance,
 )
+from shardscope.diff.json import change_to_json
 from shardscope.plan import CaseRecord, CollectiveRow, Plan, TensorRecord, plan_from_json, plan_to_json
 
 DATA = Path(__file__).parent / "data"
@@ -115,9 +117,12 @@ def test_spec_change_reports_the_dimension_and_axes():
         ),
         DimChange(dim=1, logical="mlp", before=None, after="expert", axes_added=("expert",), axes_dropped=()),
     )
-    assert change.before["spec"] == [["fsdp", "expert"], None]
-    assert change.after["spec"] == ["fsdp", "expert"]
-    json.dumps([change.before, change.after, [dataclasses.asdict(d) for d in change.details]])
+    assert change.before.spec == (("fsdp", "expert"), None)
+    assert change.after.spec == ("fsdp", "expert")
+    # The diff JSON writes the sides as the plan does, and reads them back into the same records.
+    text = json.dumps({"changes": [change_to_json(change)]})
+    assert json.loads(text)["changes"][0]["before"]["spec"] == [["fsdp", "expert"], None]
+    assert changes_from_json(json.loads(text)) == (change,)
 
 
 def test_spec_change_carries_bytes_per_device():
@@ -151,7 +156,7 @@ def test_tensor_added_and_removed():
         ("tensor_removed", "params/gone"),
         ("tensor_added", "params/new"),
     ]
-    assert only(diff.changes, "params/new").after["bytes_per_device"] == 64
+    assert only(diff.changes, "params/new").after.bytes_per_device == 64
     assert only(diff.changes, "params/gone").after is None
 
 
@@ -159,7 +164,7 @@ def test_collective_count_change():
     diff = diff_plans(plan(collectives=[row(count=2)]), plan(collectives=[row(count=4)]))
     (change,) = diff.changes
     assert change.kind == "collective_changed"
-    assert change.before["count"] == 2 and change.after["count"] == 4
+    assert change.before.count == 2 and change.after.count == 4
     assert change.fields == (FieldChange("count", 2, 4), FieldChange("traffic", 2048, 4096))
     assert change.subject == "all-gather over fsdp float32[8,32] forward at decoder/mlp"
 
@@ -173,8 +178,8 @@ def test_collective_trips_and_bytes_change():
 def test_collective_on_other_axes_is_removed_and_added():
     diff = diff_plans(plan(collectives=[row(axes=("fsdp", "expert"))]), plan(collectives=[row(axes=("fsdp",))]))
     assert [c.kind for c in diff.changes] == ["collective_removed", "collective_added"]
-    assert diff.changes[0].before["axes"] == ["fsdp", "expert"]
-    assert diff.changes[1].after["axes_label"] == "fsdp"
+    assert diff.changes[0].before.axes == ("fsdp", "expert")
+    assert diff.changes[1].after.axes_label == "fsdp"
 
 
 def test_rows_sharing_a_key_are_aggregated_first():
@@ -251,7 +256,7 @@ def test_default_vs_ep_as_cp_moves_expert_from_batch_to_sequence(sample_diff):
         DimChange(1, "activation_length", None, "expert", ("expert",), ()),
     )
     assert FieldChange("shard_shape", [1, 32, 4, 24], [2, 16, 4, 24]) in change.fields
-    assert change.before["bytes_per_device"] == change.after["bytes_per_device"] == 12288
+    assert change.before.bytes_per_device == change.after.bytes_per_device == 12288
 
 
 def test_default_vs_ep_as_cp_needs_whole_sequence_keys_in_attention(sample_diff):

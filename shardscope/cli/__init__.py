@@ -26,6 +26,7 @@ COMMANDS = (
     "verify",
     "maxtext",  # import-maxtext
     "table",
+    "schema",
 )
 for _command in COMMANDS:
     importlib.import_module(f"shardscope.cli.{_command}")

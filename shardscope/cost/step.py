@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from shardscope.case.hardware import Hardware
-from shardscope.hlo.profile import WorkBin
+from shardscope.hlo.profile import WorkBin, WorkKind
 from shardscope.plan.estimate import RowTime
 from shardscope.plan.records import CollectiveRow
 
@@ -49,16 +49,16 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
     count at `cpu_gather_bytes_factor` (both fitted to TPU compiles of the same cases by
     benchmarks/calibrate.py). A `buffer` bin holds bytes the TPU moves as counted: no factor."""
     flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
-    if entry.kind == "grouped":
+    if entry.kind == WorkKind.GROUPED:
         flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)
-    if entry.kind == "kernel":
+    if entry.kind == WorkKind.KERNEL:
         return entry.flops / (hardware.flops_per_device * (hardware.kernel_efficiency or hardware.mxu_efficiency))
-    if entry.kind == "host":
+    if entry.kind == WorkKind.HOST:
         return 0.0
     nbytes = float(entry.bytes)
-    if cpu_program and entry.kind == "memory":
+    if cpu_program and entry.kind == WorkKind.MEMORY:
         nbytes *= hardware.cpu_memory_bytes_factor
-    elif cpu_program and entry.kind == "gather":
+    elif cpu_program and entry.kind == WorkKind.GATHER:
         nbytes *= hardware.cpu_gather_bytes_factor
     return max(entry.flops / flops_rate, nbytes / (hardware.hbm_bandwidth_per_device * hardware.hbm_efficiency))
 
@@ -66,7 +66,7 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
 def host_seconds(entry: WorkBin, hardware: Hardware) -> float:
     """Time of a bin's host transfers on the chip's host link (0 when the table has no such figure)."""
     bandwidth = hardware.host_bandwidth_per_device
-    if entry.kind != "host" or bandwidth is None:
+    if entry.kind != WorkKind.HOST or bandwidth is None:
         return 0.0
     return entry.bytes / bandwidth
 

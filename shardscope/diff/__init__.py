@@ -3,7 +3,8 @@
 - `kinds`: the kinds of change (an Enum), in report order; `changes`: the records (`Change`, its details,
   `PlanDiff`);
 - `plans`: the diff itself; `pricing`: both sides priced on one target; `grouping`: what reports fold;
-- `json`: a diff as JSON data and back; `frames`: pandas tables of a diff;
+- `json`: a diff as JSON data and back; `schema`: its types and published JSON Schema (`diff.schema.json`);
+- `frames`: pandas tables of a diff;
 - `compare`: several plans side by side (`shardscope compare`).
 """
 

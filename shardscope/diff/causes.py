@@ -14,38 +14,39 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardscope.case.rules import entry_axes
-from shardscope.diff.changes import MESH, Change, ChangeKind, RuleChange
+from shardscope.diff.changes import MESH, Change, CollectiveSide, RuleChange
+from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS
+from shardscope.plan.records import Cause, RuleCause
 
 __all__ = ["explain_collective_changes", "merged_cause", "side_traffic", "traffic_delta"]
 
-_COLLECTIVE_KINDS = (ChangeKind.COLLECTIVE_ADDED, ChangeKind.COLLECTIVE_REMOVED, ChangeKind.COLLECTIVE_CHANGED)
 
-
-def merged_cause(causes: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def merged_cause(causes: Sequence[Cause | None]) -> Cause | None:
     """The causes of the rows of one collective key as one (tensors and rules of all of them, in order)."""
     present = [c for c in causes if c is not None]
     if not present:
         return None
-    rules: dict[tuple[Any, ...], dict[str, Any]] = {}
+    rules: dict[tuple[int, str], RuleCause] = {}
     for cause in present:
-        for rule in cause["rules"]:
-            rules.setdefault((rule["rule"], rule["tensor"]), dict(rule))
-    return {
-        "tensors": list(dict.fromkeys(t for c in present for t in c["tensors"])),
-        "consumer": present[0]["consumer"],
-        "line": present[0]["line"],
-        "rules": list(rules.values()),
-    }
+        for rule in cause.rules:
+            rules.setdefault((rule.rule, rule.tensor), rule)
+    return Cause(
+        tensors=tuple(dict.fromkeys(t for c in present for t in c.tensors)),
+        consumer=present[0].consumer,
+        line=present[0].line,
+        rules=tuple(rules.values()),
+    )
 
 
-def side_traffic(side: Any) -> int:
+def side_traffic(side: CollectiveSide | None) -> int:
     """The traffic of one side of a collective change (0 where the collective is absent or unpriced)."""
-    return int(side["traffic"]) if isinstance(side, Mapping) and side.get("traffic") is not None else 0
+    return 0 if side is None or side.traffic is None else side.traffic
 
 
 def traffic_delta(change: Change) -> int:
     """Bytes per device per step a collective change adds (negative: removes)."""
-    return side_traffic(change.after) - side_traffic(change.before)
+    before, after = change.collective_sides
+    return side_traffic(after) - side_traffic(before)
 
 
 def _module_of(path: str) -> str:
@@ -56,11 +57,7 @@ def _module_of(path: str) -> str:
 
 
 def _row_axes(change: Change) -> set[str]:
-    axes: set[str] = set()
-    for side in (change.before, change.after):
-        if isinstance(side, Mapping) and side.get("axes"):
-            axes |= set(side["axes"])
-    return axes
+    return {axis for side in change.collective_sides if side is not None for axis in side.axes or ()}
 
 
 def _fallback(
@@ -77,16 +74,17 @@ def _fallback(
                 return (logical, before, after)
         return None
 
-    named: list[str] = []
-    for side in (change.before, change.after):
-        cause = side.get("cause") if isinstance(side, Mapping) else None
-        named += [t.removeprefix("grads/") for t in (cause["tensors"] if cause else ())]
+    named = [
+        t.removeprefix("grads/")
+        for side in change.collective_sides
+        if side is not None and side.cause is not None
+        for t in side.cause.tensors
+    ]
     for path in dict.fromkeys(named):
         key = touching(path)
         if key is not None:
             return key, path
-    side = change.after if isinstance(change.after, Mapping) else change.before
-    module = str(side.get("source") or "") if isinstance(side, Mapping) else ""
+    module = change.collective.source
     parts = module.split("/") if module else []
     while True:
         prefix = "/".join(parts)
@@ -118,15 +116,14 @@ def explain_collective_changes(
     placed: dict[tuple[Any, ...], tuple[str, tuple[str, ...], tuple[str, ...]]] = {}
     unexplained: list[Change] = []
     for change in changes:
-        if change.kind not in _COLLECTIVE_KINDS:
+        if change.kind not in COLLECTIVE_CHANGE_KINDS:
             continue
         keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = {}
-        for side in (change.before, change.after):
-            cause = side.get("cause") if isinstance(side, Mapping) else None
-            for rule in cause["rules"] if cause else ():
-                placement = moved.get(rule["tensor"], {}).get(rule["logical"])
+        for side in change.collective_sides:
+            for rule in side.cause.rules if side is not None and side.cause is not None else ():
+                placement = moved.get(rule.tensor, {}).get(rule.logical)
                 if placement is not None:
-                    keys.setdefault((rule["logical"], *placement), []).append(rule["tensor"])
+                    keys.setdefault((rule.logical, *placement), []).append(rule.tensor)
         if not keys:
             found = _fallback(change, moved)
             if found is not None:
@@ -159,8 +156,8 @@ def explain_collective_changes(
 
 def _identity(change: Change) -> tuple[Any, ...]:
     """A collective change's identity but for its shape: op, mesh axes, pass and module."""
-    side = change.after if isinstance(change.after, Mapping) else change.before
-    return (side["op"], str(side["axes"]), side["pass"], side["source"]) if isinstance(side, Mapping) else ()
+    side = change.collective
+    return (side.op, side.axes, side.pass_, side.source)
 
 
 def _join(

@@ -1,17 +1,19 @@
 """The records of a diff: each change (its kind an Enum), its per-dimension and per-field details, and the
-whole `PlanDiff` a report needs. Plain, JSON-able values only."""
+whole `PlanDiff` a report needs. A change's sides are the plan's own records (a `TensorRecord`, a
+`Finding`), a `CollectiveSide` (the rows of one collective key, aggregated), or a plain JSON value (a memory
+figure, a case field)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from shardscope.case.rules import SpecEntry
 from shardscope.diff.frames import collective_changes_frame, tensor_changes_frame
 from shardscope.diff.kinds import FINDING_CHANGE_KINDS, ChangeKind
 from shardscope.plan.estimate import Estimate
 from shardscope.plan.findings import Finding
-from shardscope.plan.records import CaseRecord, CollectiveRow, TensorRecord
+from shardscope.plan.records import CaseRecord, Cause, CollectiveRow, TensorRecord
 from shardscope.plan.totals import TrafficTotals
 
 if TYPE_CHECKING:
@@ -27,6 +29,8 @@ TOLERANT_MEMORY_FIELDS = ("temp_bytes", "peak_bytes")
 
 # Compiled work figures that follow fusion decisions, compared with the temp_bytes tolerance.
 TOLERANT_COMPUTE_FIELDS = ("bytes_accessed",)
+
+_R = TypeVar("_R")
 
 # The identity of a collective row: (op, axes, groups, dtype, shape, pass, source, shift).
 CollectiveKey = tuple[str, tuple[str, ...] | None, str | None, str, tuple[int, ...], str, str, int | None]
@@ -44,31 +48,106 @@ class DimChange:
     axes_dropped: tuple[str, ...]  # both empty: the same axes in another order (another device layout)
 
 
+# A value as JSON holds it: a memory or compute figure, a case field, an unknown top-level plan field. The
+# type checker sees the recursive type; at run time (and in the diff's JSON Schema) it is any JSON value.
+if TYPE_CHECKING:
+    JsonValue: TypeAlias = str | int | float | bool | list["JsonValue"] | dict[str, "JsonValue"] | None
+else:
+    JsonValue = Any
+# A collective's count, bytes or trips: one value, or the distinct values of the rows of its key.
+Stat: TypeAlias = int | tuple[int | None, ...] | None
+
+
+@dataclass(frozen=True)
+class CollectiveSide:
+    """The rows of one collective key on one side of a diff, aggregated: the key's fields, then how many
+    instructions run (`count`), at which `bytes` and `loop_trips` (one value, or the distinct values of the
+    rows, ascending), their `traffic` (None when a trip count is unknown) and their merged cause."""
+
+    op: str
+    axes: tuple[str, ...] | None
+    axes_label: str  # as reports name the axes (`axes_label` of the first row)
+    groups: str | None
+    dtype: str
+    shape: tuple[int, ...]
+    pass_: str
+    source: str
+    shift: int | None
+    count: int
+    bytes: Stat
+    loop_trips: Stat
+    traffic: int | None
+    cause: Cause | None
+
+
 @dataclass(frozen=True)
 class FieldChange:
-    """A field that moved: a tensor's shape or bytes per device, a collective's count, ..."""
+    """A field that moved: a tensor's shape or bytes per device, a collective's count, a finding's message."""
 
     field: str
-    before: Any
-    after: Any
+    before: JsonValue | Stat
+    after: JsonValue | Stat
 
 
 Detail = DimChange | FieldChange
+# One side of a change (None where the subject is absent).
+Side: TypeAlias = TensorRecord | CollectiveSide | Finding | JsonValue
 
 
 @dataclass(frozen=True)
 class Change:
     """One semantic difference between two plans.
 
-    `before`/`after` are plain values (None on the side where the subject is absent): the tensor as its
-    JSON dict, the aggregated collective row as a dict, a memory or case field's value.
+    `before`/`after` (None on the side where the subject is absent) are, by kind: a `TensorRecord` (tensor
+    kinds), a `CollectiveSide` (collective kinds), a `Finding` (finding kinds), or a JSON value (a case,
+    memory, compute or extra field's). `tensor_sides`, `collective_sides` and `finding_sides` give them
+    typed.
     """
 
     kind: ChangeKind
     subject: str
-    before: Any
-    after: Any
+    before: Side
+    after: Side
     details: tuple[Detail, ...] = ()
+
+    def _sides(self, record: type[_R]) -> tuple[_R | None, _R | None]:
+        sides = (self.before, self.after)
+        if not all(side is None or isinstance(side, record) for side in sides):
+            raise TypeError(f"a {self.kind} change has no {record.__name__} sides")
+        return sides  # type: ignore[return-value]
+
+    @property
+    def tensor_sides(self) -> tuple[TensorRecord | None, TensorRecord | None]:
+        """Before and after of a tensor change."""
+        return self._sides(TensorRecord)
+
+    @property
+    def collective_sides(self) -> tuple[CollectiveSide | None, CollectiveSide | None]:
+        """Before and after of a collective change."""
+        return self._sides(CollectiveSide)
+
+    @property
+    def finding_sides(self) -> tuple[Finding | None, Finding | None]:
+        """Before and after of a finding change."""
+        return self._sides(Finding)
+
+    @property
+    def tensor(self) -> TensorRecord:
+        """The tensor a tensor change is about: its new side unless it was removed."""
+        before, after = self.tensor_sides
+        return _present(after or before)
+
+    @property
+    def collective(self) -> CollectiveSide:
+        """The collective a collective change is about: its new side unless it was removed."""
+        before, after = self.collective_sides
+        return _present(after or before)
+
+    @property
+    def finding(self) -> Finding:
+        """The finding a finding change is about: its new side unless it was resolved."""
+        before, after = self.finding_sides
+        return _present(after or before)
 
     @property
     def dims(self) -> tuple[DimChange, ...]:
@@ -79,6 +158,12 @@ class Change:
     def fields(self) -> tuple[FieldChange, ...]:
         """The field changes among the details."""
         return tuple(d for d in self.details if isinstance(d, FieldChange))
+
+
+def _present(side: _R | None) -> _R:
+    if side is None:
+        raise TypeError("a change with neither side")
+    return side
 
 
 MESH = "mesh"  # the `logical` of the group of collective changes the mesh's resizing explains

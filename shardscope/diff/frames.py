@@ -18,16 +18,16 @@ def tensor_changes_frame(diff: PlanDiff) -> pd.DataFrame:
 
     rows = []
     for change in diff.of_kind(*TENSOR_CHANGE_KINDS):
-        before, after = change.before or {}, change.after or {}
+        before, after = change.tensor_sides
         rows.append(
             {
                 "path": change.subject,
                 "change": change.kind,
-                "kind": (after or before).get("kind"),
-                "spec_before": before.get("spec"),
-                "spec_after": after.get("spec"),
-                "bytes_before": before.get("bytes_per_device"),
-                "bytes_after": after.get("bytes_per_device"),
+                "kind": change.tensor.kind,
+                "spec_before": None if before is None else before.spec,
+                "spec_after": None if after is None else after.spec,
+                "bytes_before": None if before is None else before.bytes_per_device,
+                "bytes_after": None if after is None else after.bytes_per_device,
                 "dims": "; ".join(f"dim {d.dim} +{d.axes_added} -{d.axes_dropped}" for d in change.dims),
             }
         )
@@ -41,16 +41,17 @@ def collective_changes_frame(diff: PlanDiff) -> pd.DataFrame:
 
     rows = []
     for change in diff.of_kind(*COLLECTIVE_CHANGE_KINDS):
-        side = change.after if change.after is not None else change.before
+        side = change.collective
+        before, after = change.collective_sides
         rows.append(
             {
                 "change": change.kind,
-                "op": side["op"],
-                "axes": side.get("axes_label"),
-                "pass": side["pass"],
-                "source": side["source"],
-                "traffic_before": (change.before or {}).get("traffic"),
-                "traffic_after": (change.after or {}).get("traffic"),
+                "op": side.op,
+                "axes": side.axes_label,
+                "pass": side.pass_,
+                "source": side.source,
+                "traffic_before": None if before is None else before.traffic,
+                "traffic_after": None if after is None else after.traffic,
             }
         )
     columns = ["change", "op", "axes", "pass", "source", "traffic_before", "traffic_after"]

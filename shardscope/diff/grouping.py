@@ -3,6 +3,7 @@ and the mesh axes of size 1 on both sides, which move no data."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,10 +32,9 @@ class TensorGroup:
 
 
 def _signature(change: Change) -> tuple[Any, ...]:
-    def strip(side: Any) -> Any:
-        return None if side is None else repr({k: v for k, v in side.items() if k != "kind"})
-
-    return (change.kind, strip(change.before), strip(change.after))
+    # A mirror is another kind of tensor (opt_state, output) with the very same change.
+    before, after = (None if side is None else dataclasses.replace(side, kind="") for side in change.tensor_sides)
+    return (change.kind, before, after)
 
 
 def group_tensor_changes(changes: Iterable[Change]) -> tuple[TensorGroup, ...]:

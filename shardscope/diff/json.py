@@ -1,16 +1,23 @@
 """A diff as plain JSON data and back (`diff --json`, check reports): the verdict, the notes, every change with
-its per-dimension and per-field details, and the traffic totals before and after."""
+its per-dimension and per-field details, and the traffic totals before and after.
+
+A change's sides are written as the plan JSON writes their records (a tensor, a finding) and read back into
+them through the diff's types (`shardscope.diff.schema`), which also give the diff JSON's published schema.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from shardscope.case.topology import format_mesh
-from shardscope.diff.changes import Change, Detail, DimChange, FieldChange, PlanDiff
+from shardscope.diff.changes import Change, CollectiveSide, Detail, DimChange, PlanDiff, Side
 from shardscope.diff.kinds import ChangeKind
+from shardscope.errors import PlanError
 from shardscope.plan.estimate import Estimate
 from shardscope.plan.estimate_json import estimate_to_json
-from shardscope.plan.records import CaseRecord
+from shardscope.plan.findings import Finding
+from shardscope.plan.json import cause_to_json, finding_to_json, tensor_to_json
+from shardscope.plan.records import CaseRecord, TensorRecord
 from shardscope.plan.totals import TrafficTotals
 
 
@@ -48,49 +55,65 @@ def detail_to_json(d: Detail) -> dict[str, Any]:
     return {"field": d.field, "before": jsonable(d.before), "after": jsonable(d.after)}
 
 
+def collective_side_to_json(side: CollectiveSide) -> dict[str, Any]:
+    """The rows of one collective key as the diff JSON spells them (a plan row's names; `axes_label` and
+    `traffic` besides)."""
+    return {
+        "op": side.op,
+        "axes": jsonable(side.axes),
+        "axes_label": side.axes_label,
+        "groups": side.groups,
+        "dtype": side.dtype,
+        "shape": list(side.shape),
+        "pass": side.pass_,
+        "source": side.source,
+        "shift": side.shift,
+        "count": side.count,
+        "bytes": jsonable(side.bytes),
+        "loop_trips": jsonable(side.loop_trips),
+        "traffic": side.traffic,
+        "cause": None if side.cause is None else cause_to_json(side.cause),
+    }
+
+
+def side_to_json(side: Side) -> Any:
+    """One side of a change as JSON: a record as the plan JSON spells it, a value as it is."""
+    if isinstance(side, TensorRecord):
+        return tensor_to_json(side)
+    if isinstance(side, CollectiveSide):
+        return collective_side_to_json(side)
+    if isinstance(side, Finding):
+        return finding_to_json(side)
+    return jsonable(side)
+
+
 def change_to_json(change: Change) -> dict[str, Any]:
     """One change: kind, subject, both sides (None where absent) and its details."""
     return {
         "kind": str(change.kind),
         "subject": change.subject,
-        "before": jsonable(change.before),
-        "after": jsonable(change.after),
+        "before": side_to_json(change.before),
+        "after": side_to_json(change.after),
         "details": [detail_to_json(d) for d in change.details],
     }
 
 
-def _entry(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+def changes_from_json(data: Any, source: str = "diff") -> tuple[Change, ...]:
+    """The changes of a `diff_to_json` document, their sides the plan's records again (a diff's totals and
+    notes are read from it as they are).
 
+    Raises:
+      PlanError: not a diff document, or a change with a missing or mistyped field (named in the message).
+    """
+    from shardscope.diff.schema import ChangeDocument  # lazy: pydantic loads on first use
+    from shardscope.plan.schema import validate_document
 
-def detail_from_json(data: dict[str, Any]) -> Detail:
-    """Reads `detail_to_json` data back (KeyError/TypeError when it is not a detail)."""
-    if "dim" in data:
-        return DimChange(
-            dim=int(data["dim"]),
-            logical=data["logical"],
-            before=_entry(data["before"]),
-            after=_entry(data["after"]),
-            axes_added=tuple(data["axes_added"]),
-            axes_dropped=tuple(data["axes_dropped"]),
-        )
-    return FieldChange(str(data["field"]), data["before"], data["after"])
-
-
-def change_from_json(data: dict[str, Any]) -> Change:
-    """Reads `change_to_json` data back into the same Change."""
-    return Change(
-        kind=ChangeKind(data["kind"]),
-        subject=str(data["subject"]),
-        before=data["before"],
-        after=data["after"],
-        details=tuple(detail_from_json(d) for d in data["details"]),
+    if not isinstance(data, dict) or not isinstance(data.get("changes"), list):
+        raise PlanError(f"{source}: not a shardscope diff (expected a JSON object with a list of changes)")
+    changes = validate_document(list[ChangeDocument], data["changes"], f"{source}: corrupt diff changes")
+    return tuple(
+        Change(ChangeKind(c["kind"]), c["subject"], c["before"], c["after"], tuple(c["details"])) for c in changes
     )
-
-
-def changes_from_json(data: dict[str, Any]) -> tuple[Change, ...]:
-    """The changes of a `diff_to_json` document (a diff's totals and notes are read from it as they are)."""
-    return tuple(change_from_json(entry) for entry in data["changes"])
 
 
 def diff_to_json(diff: PlanDiff) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 DeepDiff stays inside this module: it compares the flat case header, the memory dicts and any extra
 top-level plan fields; tensors and collectives are aligned by hand because their identity (a path, a
-collective key) is domain knowledge. Every change carries plain, JSON-able values only.
+collective key) is domain knowledge. A change carries the plan's own records (see `Change`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from shardscope.diff.changes import (
     Change,
     ChangeKind,
     CollectiveKey,
+    CollectiveSide,
     Detail,
     DimChange,
     FieldChange,
@@ -34,7 +35,6 @@ from shardscope.diff.json import case_dict, jsonable
 from shardscope.diff.pricing import price_pair
 from shardscope.plan.document import Plan
 from shardscope.plan.findings import Finding, sort_findings
-from shardscope.plan.json import cause_to_json, finding_to_json, tensor_to_json
 from shardscope.plan.records import PASSES, CaseRecord, CollectiveRow, TensorRecord, axes_label
 from shardscope.plan.totals import bytes_by_kind, traffic_totals
 
@@ -78,7 +78,7 @@ def _tensor_change(path: str, old: TensorRecord, new: TensorRecord) -> Change:
         if getattr(old, name) != getattr(new, name):
             details.append(FieldChange(name, jsonable(getattr(old, name)), jsonable(getattr(new, name))))
     kind = ChangeKind.SPEC_CHANGED if old.spec != new.spec and not identity else ChangeKind.TENSOR_CHANGED
-    return Change(kind, path, tensor_to_json(old), tensor_to_json(new), tuple(details))
+    return Change(kind, path, old, new, tuple(details))
 
 
 def _diff_tensors(old: Plan, new: Plan) -> tuple[list[Change], tuple[tuple[str, TensorRecord], ...]]:
@@ -88,9 +88,9 @@ def _diff_tensors(old: Plan, new: Plan) -> tuple[list[Change], tuple[tuple[str, 
     for path in sorted(before.keys() | after.keys()):
         was, now = before.get(path), after.get(path)
         if now is None and was is not None:
-            changes.append(Change(ChangeKind.TENSOR_REMOVED, path, tensor_to_json(was), None))
+            changes.append(Change(ChangeKind.TENSOR_REMOVED, path, was, None))
         elif was is None and now is not None:
-            changes.append(Change(ChangeKind.TENSOR_ADDED, path, None, tensor_to_json(now)))
+            changes.append(Change(ChangeKind.TENSOR_ADDED, path, None, now))
         elif was is not None and now is not None:
             if was == now:
                 unchanged.append((path, was))
@@ -104,9 +104,9 @@ def collective_key(row: CollectiveRow) -> CollectiveKey:
     return (row.op, row.axes, row.groups, row.dtype, row.shape, row.pass_, row.source, row.shift)
 
 
-def _distinct(values: Sequence[Any]) -> Any:
+def _distinct(values: Sequence[int | None]) -> int | tuple[int | None, ...] | None:
     unique = sorted(set(values), key=lambda v: (v is None, v or 0))
-    return unique[0] if len(unique) == 1 else unique
+    return unique[0] if len(unique) == 1 else tuple(unique)
 
 
 def _profile(rows: Sequence[CollectiveRow]) -> tuple[tuple[int, int | None, int], ...]:
@@ -117,33 +117,26 @@ def _profile(rows: Sequence[CollectiveRow]) -> tuple[tuple[int, int | None, int]
     return tuple(sorted(((b, t, n) for (b, t), n in counts.items()), key=repr))
 
 
-def _stats(rows: Sequence[CollectiveRow]) -> dict[str, Any]:
-    traffic = [r.traffic for r in rows]
-    return {
-        "count": sum(r.count for r in rows),
-        "bytes": _distinct([r.bytes for r in rows]),
-        "loop_trips": _distinct([r.loop_trips for r in rows]),
-        "traffic": None if None in traffic else sum(t for t in traffic if t is not None),
-    }
-
-
-def collective_dict(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> dict[str, Any]:
-    """The aggregated rows of one key as plain data: identity fields, then count/bytes/trips/traffic."""
+def collective_side(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> CollectiveSide:
+    """The rows of one key aggregated: identity fields, then count/bytes/trips/traffic and the merged cause."""
     op, axes, groups, dtype, shape, pass_, source, shift = key
-    data: dict[str, Any] = {
-        "op": op,
-        "axes": jsonable(axes),
-        "axes_label": axes_label(rows[0]),
-        "groups": groups,
-        "dtype": dtype,
-        "shape": list(shape),
-        "pass": pass_,
-        "source": source,
-        "shift": shift,
-    }
-    data.update(_stats(rows))
-    data["cause"] = merged_cause([cause_to_json(r.cause) if r.cause else None for r in rows])
-    return data
+    traffic = [r.traffic for r in rows]
+    return CollectiveSide(
+        op=op,
+        axes=axes,
+        axes_label=axes_label(rows[0]),
+        groups=groups,
+        dtype=dtype,
+        shape=shape,
+        pass_=pass_,
+        source=source,
+        shift=shift,
+        count=sum(r.count for r in rows),
+        bytes=_distinct([r.bytes for r in rows]),
+        loop_trips=_distinct([r.loop_trips for r in rows]),
+        traffic=None if None in traffic else sum(t for t in traffic if t is not None),
+        cause=merged_cause([r.cause for r in rows]),
+    )
 
 
 def collective_subject(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> str:
@@ -177,17 +170,17 @@ def _diff_collectives(old: Plan, new: Plan) -> tuple[list[Change], tuple[Collect
         rows = was or now or []
         subject = collective_subject(key, rows)
         if not now:
-            changes.append(Change(ChangeKind.COLLECTIVE_REMOVED, subject, collective_dict(key, rows), None))
+            changes.append(Change(ChangeKind.COLLECTIVE_REMOVED, subject, collective_side(key, rows), None))
         elif not was:
-            changes.append(Change(ChangeKind.COLLECTIVE_ADDED, subject, None, collective_dict(key, rows)))
+            changes.append(Change(ChangeKind.COLLECTIVE_ADDED, subject, None, collective_side(key, rows)))
         elif _profile(was) == _profile(now):
             unchanged.extend(was)
         else:
-            old_row, new_row = collective_dict(key, was), collective_dict(key, now)
+            old_row, new_row = collective_side(key, was), collective_side(key, now)
             details = tuple(
-                FieldChange(name, old_row[name], new_row[name])
+                FieldChange(name, getattr(old_row, name), getattr(new_row, name))
                 for name in ("count", "bytes", "loop_trips", "traffic")
-                if old_row[name] != new_row[name]
+                if getattr(old_row, name) != getattr(new_row, name)
             )
             changes.append(Change(ChangeKind.COLLECTIVE_CHANGED, subject, old_row, new_row, details))
     return changes, tuple(unchanged)
@@ -208,11 +201,9 @@ def _diff_findings(old: Plan, new: Plan, compiled: bool) -> tuple[list[Change], 
     for key in [*before, *(k for k in after if k not in before)]:
         was, now = before.get(key), after.get(key)
         if now is None and was is not None:
-            changes.append(
-                Change(ChangeKind.FINDING_RESOLVED, f"{was.lint}: {was.subject}", finding_to_json(was), None)
-            )
+            changes.append(Change(ChangeKind.FINDING_RESOLVED, f"{was.lint}: {was.subject}", was, None))
         elif was is None and now is not None:
-            changes.append(Change(ChangeKind.FINDING_ADDED, f"{now.lint}: {now.subject}", None, finding_to_json(now)))
+            changes.append(Change(ChangeKind.FINDING_ADDED, f"{now.lint}: {now.subject}", None, now))
         elif was is not None and now is not None and was != now:
             details = tuple(
                 FieldChange(name, getattr(was, name), getattr(now, name))
@@ -220,9 +211,7 @@ def _diff_findings(old: Plan, new: Plan, compiled: bool) -> tuple[list[Change], 
                 if getattr(was, name) != getattr(now, name)
             )
             subject = f"{now.lint}: {now.subject}"
-            changes.append(
-                Change(ChangeKind.FINDING_CHANGED, subject, finding_to_json(was), finding_to_json(now), details)
-            )
+            changes.append(Change(ChangeKind.FINDING_CHANGED, subject, was, now, details))
     return changes, unchanged
 
 

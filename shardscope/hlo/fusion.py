@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 from shardscope.hlo.executions import Program
+from shardscope.hlo.kinds import WorkKind
 from shardscope.hlo.records import Instruction
 
 __all__ = ["conversions_into_matmuls", "fused_opcodes"]
@@ -33,10 +34,10 @@ _PLUMBING = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})
 _VIEWS = frozenset({"bitcast", "get-tuple-element"})
 # Kinds of op (`shardscope.hlo.profile`) whose inputs and results a TPU converts and lays out itself. (A
 # scatter the CPU compiler expanded into a loop is a `while`: never a conversion.)
-_MATRIX_KINDS = frozenset({"matmul", "grouped", "kernel"})
+_MATRIX_KINDS = frozenset({WorkKind.MATMUL, WorkKind.GROUPED, WorkKind.KERNEL})
 # Kinds of op that are XLA's own matmuls in a compiled reference model (the grouped experts' too: the
 # reference models run them as dots, named for the kernel's pricing), which a TPU fuses producers into.
-_XLA_MATMULS = frozenset({"matmul", "grouped"})
+_XLA_MATMULS = frozenset({WorkKind.MATMUL, WorkKind.GROUPED})
 
 
 def fused_opcodes(program: Program, instruction: Instruction) -> set[str]:
@@ -76,7 +77,7 @@ def _through_views(
 
 
 def conversions_into_matmuls(
-    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, str]
+    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, WorkKind]
 ) -> set[str]:
     """The ops of one computation (`kinds`: each op's kind by name) that only convert or lay out data and
     either read a matrix op's result (directly or through other such ops) or are read by matrix ops only:
@@ -86,7 +87,7 @@ def conversions_into_matmuls(
     candidates = {
         i.name
         for i in instructions
-        if kinds.get(i.name) == "memory" and (ops := fused_opcodes(program, i)) and ops <= _CONVERSION_OPS
+        if kinds.get(i.name) == WorkKind.MEMORY and (ops := fused_opcodes(program, i)) and ops <= _CONVERSION_OPS
     }
     matrix = {name for name, kind in kinds.items() if kind in _MATRIX_KINDS}
     found: set[str] = set()
@@ -112,7 +113,7 @@ _ELEMENTWISE_OPS = _CONVERSION_OPS | frozenset(
 
 
 def producers_into_matmuls(
-    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, str], conversions: set[str]
+    program: Program, instructions: Sequence[Instruction], kinds: Mapping[str, WorkKind], conversions: set[str]
 ) -> set[str]:
     """The elementwise ops of one computation that only feed XLA matmuls (`_XLA_MATMULS`), directly or through
     conversions into them (`conversions`: `conversions_into_matmuls`) or other such ops: the TPU computes
@@ -122,7 +123,7 @@ def producers_into_matmuls(
     candidates = {
         i.name: readers[i.name]
         for i in instructions
-        if kinds.get(i.name) == "memory"
+        if kinds.get(i.name) == WorkKind.MEMORY
         and i.name not in conversions
         and (ops := fused_opcodes(program, i))
         and ops <= _ELEMENTWISE_OPS

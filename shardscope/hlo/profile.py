@@ -51,6 +51,7 @@ from shardscope.hlo.attention_kernels import attention_kernel_flops
 from shardscope.hlo.executions import Program
 from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes, producers_into_matmuls
 from shardscope.hlo.grouped_kernels import grouped_kernel_flops
+from shardscope.hlo.kinds import KINDS, WorkKind
 from shardscope.hlo.loops import expanded_scatters, loop_regions
 from shardscope.hlo.metadata import op_name_in, pass_of
 from shardscope.hlo.narrowing import Narrowing
@@ -73,6 +74,7 @@ __all__ = [
     "KERNEL_SCOPE",
     "KINDS",
     "WorkBin",
+    "WorkKind",
     "work_profile",
 ]
 
@@ -83,7 +85,6 @@ GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when the
 # against all of them (its shape cannot depend on the device); with MaxText's load-balanced token order every
 # shard visits half of them.
 HALF_VISITED_SCOPE = "off_diagonal_shards"
-KINDS = ("matmul", "grouped", "memory", "gather", "buffer", "kernel", "host")
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
@@ -95,7 +96,7 @@ _ROW_OPS = frozenset({"gather", "scatter"})
 class WorkBin:
     """Ops of one kind, pass, loop depth and arithmetic intensity: their summed work per step."""
 
-    kind: str  # one of KINDS
+    kind: WorkKind
     pass_: str  # forward / backward / optimizer / other, as collective rows
     executions: int  # runs per step of each op here (1 outside loops, the trips inside one)
     intensity: int | None  # floor(BINS_PER_OCTAVE × log2(FLOPs / byte)); None: no FLOPs or no bytes
@@ -107,7 +108,7 @@ class WorkBin:
     region: int = 0  # 0: not recorded (read as `executions`)
 
     @property
-    def key(self) -> tuple[str, str, int, int, int]:
+    def key(self) -> tuple[WorkKind, str, int, int, int]:
         """Sort key: kind, pass, executions, region, intensity (None first)."""
         intensity = -(10**6) if self.intensity is None else self.intensity
         return (self.kind, self.pass_, self.executions, self.region, intensity)
@@ -307,7 +308,7 @@ def _classify(
     operand_shapes: Sequence[str],
     in_kernel: bool = False,
     halves: tuple[frozenset[int], bool] = (frozenset(), False),
-) -> tuple[str, int, int] | None:
+) -> tuple[WorkKind, int, int] | None:
     """(kind, matrix FLOPs, bytes) of one execution of a top-level op, or None for ops that cost nothing
     here (names, boundaries, collectives, the second half of an async pair). `halves`: the positions of
     its float32 operands, and whether its float32 result, have bfloat16 precision (a CPU program's: counted
@@ -318,18 +319,18 @@ def _classify(
     wrapped = wrapped_opcode(program, instruction)
     host = _host_bytes(instruction, operand_shapes, wrapped)
     if host is not None:
-        return "host", 0, host
+        return WorkKind.HOST, 0, host
     if COLLECTIVE_LIKE.match(opcode) is not None:
         return None
     kernel_flops = attention_kernel_flops(instruction, operand_shapes)
     if kernel_flops is not None:
-        return "kernel", kernel_flops, 0
+        return WorkKind.KERNEL, kernel_flops, 0
     grouped_flops = grouped_kernel_flops(instruction, operand_shapes)
     if grouped_flops is not None:  # its bytes are its operands' and result's, as any op's
-        return "grouped", grouped_flops, instruction_bytes(instruction, operand_shapes, wrapped)
+        return WorkKind.GROUPED, grouped_flops, instruction_bytes(instruction, operand_shapes, wrapped)
     flops = _matrix_flops(program, instruction, operand_shapes)
     if in_kernel:
-        return "kernel", flops, 0
+        return WorkKind.KERNEL, flops, 0
     halved, half_result = halves
     if opcode == "fusion":
         nbytes = fusion_bytes(program, instruction, operand_shapes, halved, half_result)
@@ -339,8 +340,8 @@ def _classify(
         narrowed = [halved_shape(s) if i in halved else s for i, s in enumerate(operand_shapes)]
         nbytes = instruction_bytes(instruction, narrowed, wrapped)
     if not flops:
-        return ("gather" if _moves_rows(program, instruction) else "memory"), 0, nbytes
-    return ("grouped" if _grouped(program, instruction) else "matmul"), flops, nbytes
+        return (WorkKind.GATHER if _moves_rows(program, instruction) else WorkKind.MEMORY), 0, nbytes
+    return (WorkKind.GROUPED if _grouped(program, instruction) else WorkKind.MATMUL), flops, nbytes
 
 
 def _halves(narrowing: Narrowing | None, computation: str, instruction: Instruction) -> tuple[frozenset[int], bool]:
@@ -372,7 +373,7 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
     # Explicit axes: every accumulated sum is taken in the loop, its adds on their own; Auto: a sum added into
     # a slot is moved out of the loop, its adds done inside the matmuls (`shardscope.hlo.accumulation`).
     accumulating = accumulations.adds if explicit_reductions else accumulations.slot_adds
-    sums: dict[tuple[str, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
+    sums: dict[tuple[WorkKind, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
         if not count or name in fused or name in expanded:
             continue
@@ -381,12 +382,12 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
         graph = _graph(instructions)
         names = _op_names(graph)
         kernel = _kernel_ops(program, instructions, graph, names)
-        classified: dict[str, tuple[str, int, int]] = {}
+        classified: dict[str, tuple[WorkKind, int, int]] = {}
         for instruction in instructions:
             operand_shapes = [shapes.get(operand, "") for operand in instruction.operands]
             scatter = scatters.get(f"{name}/{instruction.name}")
             if scatter is not None:
-                found: tuple[str, int, int] | None = ("gather", 0, scatter)
+                found: tuple[WorkKind, int, int] | None = (WorkKind.GATHER, 0, scatter)
             else:
                 halves = _halves(narrowing, name, instruction)
                 found = _classify(program, instruction, operand_shapes, instruction.name in kernel, halves)
@@ -401,16 +402,16 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
             kind, flops, nbytes = classified[instruction.name]
             nbytes = 0 if instruction.name in in_matmuls or instruction.name in producers else nbytes
             if f"{name}/{instruction.name}" in accumulating:
-                kind, nbytes = ("buffer", nbytes) if explicit_reductions else (kind, 0)
+                kind, nbytes = (WorkKind.BUFFER, nbytes) if explicit_reductions else (kind, 0)
             op_name = names[instruction.name]
-            if kind == "kernel" and flops and _half_visited(program, instruction, op_name, graph):
+            if kind == WorkKind.KERNEL and flops and _half_visited(program, instruction, op_name, graph):
                 flops //= 2
             pass_ = pass_of(op_name) if op_name else "other"
             region = regions.get(name, count)
             entries = [(kind, flops, nbytes)]
-            scattering = instruction.opcode == "fusion" and kind != "kernel"
+            scattering = instruction.opcode == "fusion" and kind != WorkKind.KERNEL
             buffer = materialised_scatter_bytes(program, instruction) if scattering else 0
-            entries += [("buffer", 0, buffer)] if buffer else []
+            entries += [(WorkKind.BUFFER, 0, buffer)] if buffer else []
             for entry_kind, entry_flops, entry_bytes in entries:
                 total = sums[(entry_kind, pass_, count, region, _intensity(entry_flops, entry_bytes))]
                 total[0] += count

@@ -2,7 +2,8 @@
 
 - `records`: the rows (a tensor's placement, a collective row, the case header) and schema constants;
 - `document`: the `Plan` itself; `findings` and `estimate`: the records of its extra sections;
-- `json`, `estimate_json`: canonical JSON and back, one converter per record;
+- `json`, `estimate_json`: canonical JSON and back (one writer per record, reading through `schema`);
+- `schema`: the plan JSON's types, which validate it and give the published JSON Schema (`plan.schema.json`);
 - `frames`: pandas tables of a plan; `totals`: traffic per axis, op and pass, bytes per kind;
 - `units`: bytes, seconds and FLOPs as every report spells them.
 """

@@ -1,7 +1,8 @@
 """An Estimate as plain JSON data (the plan's `estimate` section) and back, exactly.
 
 Derived figures (step bounds, memory total, fits/over, compute bound) are written for readers of the JSON
-and recomputed on reading, so a hand-edited file cannot disagree with itself. Keys are plain strings and
+and recomputed on reading, so a hand-edited file cannot disagree with itself. Reading validates with the
+estimate's types (`shardscope.plan.schema.EstimateDocument`). Keys are plain strings and
 every value is a JSON scalar, list or object: `json.dumps(..., sort_keys=True)` is deterministic.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 from shardscope.errors import PlanError
 from shardscope.plan.estimate import ComputeTime, Estimate, MemoryEstimate, PricedRow, RowTime
 from shardscope.plan.records import CollectiveRow
+from shardscope.plan.schema import EstimateDocument, validate_document
 
 
 def _time_to_json(time: RowTime) -> dict[str, Any]:
@@ -19,16 +21,6 @@ def _time_to_json(time: RowTime) -> dict[str, Any]:
     if time.unpriced is not None:
         data["unpriced"] = time.unpriced
     return data
-
-
-def _time_from_json(data: dict[str, Any]) -> RowTime:
-    seconds = data["seconds"]
-    return RowTime(
-        seconds=None if seconds is None else float(seconds),
-        latency=float(data["latency"]),
-        transfer=float(data["transfer"]),
-        unpriced=data.get("unpriced"),
-    )
 
 
 def _cross_to_json(priced: PricedRow) -> dict[str, Any]:
@@ -46,22 +38,7 @@ def _cross_to_json(priced: PricedRow) -> dict[str, Any]:
     }
 
 
-def _cross_from_json(data: dict[str, Any]) -> PricedRow:
-    row = CollectiveRow(
-        op=str(data["op"]),
-        axes=tuple(data["axes"]) if data["axes"] is not None else None,
-        dtype=str(data["dtype"]),
-        shape=(),
-        bytes=int(data["bytes"]),
-        count=int(data["count"]),
-        loop_trips=None if data["loop_trips"] is None else int(data["loop_trips"]),
-        pass_=str(data["pass"]),
-        source=str(data["source"]),
-    )
-    return PricedRow(row, _time_from_json(data["time"]))
-
-
-def _optional_float(value: Any) -> float | None:
+def _optional_float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
@@ -113,49 +90,76 @@ def estimate_to_json(estimate: Estimate) -> dict[str, Any]:
     }
 
 
+def estimate_from_document(data: EstimateDocument) -> Estimate:
+    """An estimate from its validated JSON (`shardscope.plan.schema.EstimateDocument`)."""
+    compute = data["compute"]
+    memory = data["memory"]
+    step = data.get("step", {})
+    cross_slice = tuple(
+        PricedRow(
+            CollectiveRow(
+                op=row["op"],
+                axes=None if row["axes"] is None else tuple(row["axes"]),
+                dtype=row["dtype"],
+                shape=(),
+                bytes=row["bytes"],
+                count=row["count"],
+                loop_trips=row["loop_trips"],
+                pass_=row["pass"],
+                source=row["source"],
+            ),
+            row["time"],
+        )
+        for row in data["cross_slice"]
+    )
+    missing = [name for name in memory["order"] if name not in memory["categories"]]
+    if missing:
+        raise PlanError(f"corrupt estimate (memory.order names {missing}, which memory.categories lacks)")
+    return Estimate(
+        hardware=data["hardware"],
+        slice_shape=tuple(data["slice_shape"]),
+        slices=data["slices"],
+        layout_source=data["layout_source"],
+        efficiency=data["efficiency"],
+        efficiency_source=data["efficiency_source"],
+        figures_source=data["figures_source"],
+        rows=tuple(data["rows"]),
+        cross_slice=cross_slice,
+        by_axes=tuple(sorted(data["by_axes"].items())),
+        by_op=tuple(sorted(data["by_op"].items())),
+        by_pass=tuple(sorted(data["by_pass"].items())),
+        communication=data["communication"],
+        unpriced_rows=data["unpriced_rows"],
+        compute=ComputeTime(
+            flops=_optional_float(compute["flops"]),
+            bytes_accessed=_optional_float(compute["bytes_accessed"]),
+            flops_seconds=compute["flops_seconds"],
+            memory_seconds=compute["memory_seconds"],
+            per_op_seconds=compute.get("per_op_seconds"),
+        ),
+        expected=step.get("expected"),
+        expected_method=step.get("expected_method"),
+        route=data.get("route", ""),
+        memory=MemoryEstimate(
+            categories=tuple((name, memory["categories"][name]) for name in memory["order"]),
+            capacity=memory["capacity"],
+            source=memory["source"],
+        ),
+    )
+
+
 def estimate_from_json(data: Any, source: str = "estimate") -> Estimate:
     """Reads `estimate_to_json` data back into the same Estimate.
 
     Raises:
-      PlanError: a missing or mistyped field.
+      PlanError: a missing or mistyped field (named in the message).
     """
     try:
-        compute = data["compute"]
-        memory = data["memory"]
-        categories = memory["categories"]
-        return Estimate(
-            hardware=str(data["hardware"]),
-            slice_shape=tuple(int(d) for d in data["slice_shape"]),
-            slices=int(data["slices"]),
-            layout_source=str(data["layout_source"]),
-            efficiency=float(data["efficiency"]),
-            efficiency_source=str(data["efficiency_source"]),
-            figures_source=str(data["figures_source"]),
-            rows=tuple(_time_from_json(row) for row in data["rows"]),
-            cross_slice=tuple(_cross_from_json(row) for row in data["cross_slice"]),
-            by_axes=tuple(sorted((str(k), float(v)) for k, v in data["by_axes"].items())),
-            by_op=tuple(sorted((str(k), float(v)) for k, v in data["by_op"].items())),
-            by_pass=tuple(sorted((str(k), float(v)) for k, v in data["by_pass"].items())),
-            communication=float(data["communication"]),
-            unpriced_rows=int(data["unpriced_rows"]),
-            compute=ComputeTime(
-                flops=_optional_float(compute["flops"]),
-                bytes_accessed=_optional_float(compute["bytes_accessed"]),
-                flops_seconds=float(compute["flops_seconds"]),
-                memory_seconds=float(compute["memory_seconds"]),
-                per_op_seconds=_optional_float(compute.get("per_op_seconds")),
-            ),
-            expected=_optional_float(data.get("step", {}).get("expected")),
-            expected_method=data.get("step", {}).get("expected_method"),
-            route=str(data.get("route", "")),
-            memory=MemoryEstimate(
-                categories=tuple((str(name), int(categories[name])) for name in memory["order"]),
-                capacity=int(memory["capacity"]),
-                source=str(memory["source"]),
-            ),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise PlanError(f"{source}: corrupt estimate ({type(err).__name__}: {err})") from None
+        return estimate_from_document(validate_document(EstimateDocument, data, f"{source}: corrupt estimate"))
+    except PlanError as err:
+        if str(err).startswith("corrupt estimate"):
+            raise PlanError(f"{source}: {err}") from None
+        raise
 
 
 def _count(value: float | None) -> int | float | None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-SEVERITIES = ("info", "warning", "error")
+Severity = Literal["info", "warning", "error"]
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "error")
 
 # A rule's subject names its position, which moves when rules are inserted above it: diffs match findings
 # on rules by the rule itself.
@@ -31,7 +32,7 @@ class Finding:
     """
 
     lint: str
-    severity: str
+    severity: Severity
     subject: str
     message: str
     fix: str

@@ -1,7 +1,9 @@
-"""A plan as canonical JSON and back: one converter per record, `plan_from_json(plan_to_json(p)) == p` exactly.
+"""A plan as canonical JSON and back, `plan_from_json(plan_to_json(p)) == p` exactly.
 
-`plan_to_json` is canonical (sorted keys, indent 2, trailing newline, no timestamps); reading validates the
-shape of every field and refuses a newer schema, so a corrupt or future golden is one clear error.
+`plan_to_json` is canonical (sorted keys, indent 2, trailing newline, no timestamps): one writer per record,
+kept by hand so that every stored plan writes byte for byte as before (`shardscope.plan.schema` says why).
+Reading refuses a newer schema, then validates and converts the whole document with the plan's types
+(`shardscope.plan.schema`): a corrupt or future golden is one clear error naming its field.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shardscope.case.rules import Spec, SpecEntry
+from shardscope.case.rules import Spec
 from shardscope.errors import PlanError
 from shardscope.hlo.profile import WorkBin
 from shardscope.plan.document import Plan
-from shardscope.plan.estimate_json import estimate_from_json, estimate_to_json
-from shardscope.plan.findings import SEVERITIES, Finding
+from shardscope.plan.estimate_json import estimate_from_document, estimate_to_json
+from shardscope.plan.findings import Finding
 from shardscope.plan.records import (
     PARTS,
     SCHEMA,
@@ -24,22 +26,13 @@ from shardscope.plan.records import (
     CaseRecord,
     Cause,
     CollectiveRow,
-    RuleCause,
     TensorRecord,
 )
+from shardscope.plan.schema import PlanDocument, validate_document
 
 
 def _spec_to_json(spec: Spec) -> list[Any]:
     return [list(entry) if isinstance(entry, tuple) else entry for entry in spec]
-
-
-def _spec_from_json(raw: list[Any]) -> Spec:
-    def entry(value: Any) -> SpecEntry:
-        if isinstance(value, list):
-            return tuple(value)
-        return value
-
-    return tuple(entry(v) for v in raw)
 
 
 def tensor_to_json(tensor: TensorRecord) -> dict[str, Any]:
@@ -53,19 +46,6 @@ def tensor_to_json(tensor: TensorRecord) -> dict[str, Any]:
         "shard_shape": list(tensor.shard_shape),
         "bytes_per_device": tensor.bytes_per_device,
     }
-
-
-def tensor_from_json(t: Any) -> TensorRecord:
-    """Reads one entry of a plan's `tensors` (KeyError/TypeError/ValueError when it is not one)."""
-    return TensorRecord(
-        kind=str(t["kind"]),
-        shape=tuple(int(d) for d in t["shape"]),
-        dtype=str(t["dtype"]),
-        logical=tuple(t["logical"]) if t.get("logical") is not None else None,
-        spec=_spec_from_json(t["spec"]),
-        shard_shape=tuple(int(d) for d in t["shard_shape"]),
-        bytes_per_device=int(t["bytes_per_device"]),
-    )
 
 
 def collective_to_json(row: CollectiveRow) -> dict[str, Any]:
@@ -106,40 +86,6 @@ def cause_to_json(cause: Cause) -> dict[str, Any]:
             {"logical": r.logical, "axes": list(r.axes), "rule": r.rule, "tensor": r.tensor} for r in cause.rules
         ],
     }
-
-
-def cause_from_json(c: Any) -> Cause:
-    """Reads a collective's `cause` (KeyError/TypeError/ValueError when it is not one)."""
-    return Cause(
-        tensors=tuple(str(t) for t in c["tensors"]),
-        consumer=str(c["consumer"]),
-        line=None if c["line"] is None else str(c["line"]),
-        rules=tuple(
-            RuleCause(str(r["logical"]), tuple(str(a) for a in r["axes"]), int(r["rule"]), str(r["tensor"]))
-            for r in c["rules"]
-        ),
-    )
-
-
-def collective_from_json(c: Any) -> CollectiveRow:
-    """Reads one entry of a plan's `collectives` (KeyError/TypeError/ValueError when it is not one)."""
-    return CollectiveRow(
-        op=str(c["op"]),
-        axes=tuple(c["axes"]) if c["axes"] is not None else None,
-        dtype=str(c["dtype"]),
-        shape=tuple(int(d) for d in c["shape"]),
-        bytes=int(c["bytes"]),
-        count=int(c["count"]),
-        loop_trips=None if c["loop_trips"] is None else int(c["loop_trips"]),
-        pass_=str(c["pass"]),
-        source=str(c["source"]),
-        groups=c.get("groups"),
-        shift=c.get("shift"),
-        tpu_bytes=None if c.get("tpu_bytes") is None else int(c["tpu_bytes"]),
-        handoff=bool(c.get("handoff", False)),
-        tpu_moved_out=None if c.get("tpu_moved_out") is None else int(c["tpu_moved_out"]),
-        cause=None if c.get("cause") is None else cause_from_json(c["cause"]),
-    )
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -193,32 +139,9 @@ def work_to_json(entry: WorkBin) -> dict[str, Any]:
     }
 
 
-def work_from_json(data: dict[str, Any]) -> WorkBin:
-    """Inverse of `work_to_json` (raises KeyError/TypeError/ValueError on a malformed entry)."""
-    intensity = data["intensity"]
-    return WorkBin(
-        kind=str(data["kind"]),
-        pass_=str(data["pass"]),
-        executions=int(data["executions"]),
-        intensity=None if intensity is None else int(intensity),
-        ops=int(data["ops"]),
-        flops=int(data["flops"]),
-        bytes=int(data["bytes"]),
-        region=int(data.get("region", 0)),
-    )
-
-
 def plan_to_json(plan: Plan) -> str:
     """Canonical JSON text: sorted keys, indent 2, trailing newline."""
     return json.dumps(plan_to_dict(plan), sort_keys=True, indent=2) + "\n"
-
-
-def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    if key not in data:
-        raise PlanError(f"{where}: missing key {key!r}")
-    if not isinstance(data[key], kind):
-        raise PlanError(f"{where}: {key!r} must be a {kind.__name__}, found {type(data[key]).__name__}")
-    return data[key]
 
 
 def check_schema(data: Any, source: str) -> None:
@@ -238,73 +161,54 @@ def check_schema(data: Any, source: str) -> None:
 
 
 def plan_from_dict(data: Any, source: str = "plan") -> Plan:
-    """Reads plan data, validating its shape.
+    """Reads plan data, validating it against the plan's types (`shardscope.plan.schema`).
 
     Raises:
-      PlanError: not a plan, a newer schema, or a missing/mistyped field.
+      PlanError: not a plan, a newer schema, or a missing/mistyped field (named in the message).
     """
     check_schema(data, source)
-    try:
-        raw_case = _require(data, "case", dict, source)
-        case = CaseRecord(
-            model=str(raw_case["model"]),
-            preset=str(raw_case["preset"]),
-            topology=str(raw_case["topology"]),
-            mesh=tuple(
-                (str(axis), int(raw_case["mesh"][axis])) for axis in raw_case.get("mesh_axes", raw_case["mesh"])
-            ),
-            axis_types=str(raw_case["axis_types"]),
-            overrides=tuple(sorted((str(k), str(v)) for k, v in raw_case.get("overrides", {}).items())),
-            preset_source=str(raw_case.get("preset_source", "")),
-        )
-        tensors = [(path, tensor_from_json(t)) for path, t in sorted(_require(data, "tensors", dict, source).items())]
-        collectives = tuple(collective_from_json(c) for c in _require(data, "collectives", list, source))
-        memory = tuple(sorted((str(k), int(v)) for k, v in _require(data, "memory", dict, source).items()))
-        provenance = tuple(sorted(_require(data, "provenance", dict, source).items()))
-        parts = tuple(str(part) for part in data.get("parts", PARTS))
-        compute = tuple(sorted((str(k), int(v)) for k, v in data.get("compute", {}).items()))
-        findings = tuple(finding_from_json(entry) for entry in data.get("findings", []))
-        work = tuple(work_from_json(entry) for entry in data.get("work", []))
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise PlanError(f"{source}: corrupt plan ({type(err).__name__}: {err})") from None
-    unknown_parts = [part for part in parts if part not in PARTS]
-    if unknown_parts or "tensors" not in parts:
+    doc = validate_document(PlanDocument, data, f"{source}: corrupt plan")
+    raw_case = doc["case"]
+    mesh = raw_case["mesh"]
+    axes = raw_case.get("mesh_axes", list(mesh))
+    missing = [axis for axis in axes if axis not in mesh]
+    if missing:
+        raise PlanError(f"{source}: corrupt plan (case.mesh_axes names {missing}, which case.mesh lacks)")
+    case = CaseRecord(
+        model=raw_case["model"],
+        preset=raw_case["preset"],
+        topology=raw_case["topology"],
+        mesh=tuple((axis, mesh[axis]) for axis in axes),
+        axis_types=raw_case["axis_types"],
+        overrides=tuple(sorted(raw_case.get("overrides", {}).items())),
+        preset_source=raw_case.get("preset_source", ""),
+    )
+    parts = tuple(doc.get("parts", PARTS))
+    if "tensors" not in parts:
         raise PlanError(f"{source}: corrupt plan (parts {list(parts)}, expected some of {list(PARTS)} with tensors)")
+    collectives = tuple(doc["collectives"])
     estimate = None
-    if data.get("estimate") is not None:
-        estimate = estimate_from_json(data["estimate"], f"{source}: estimate")
+    if doc.get("estimate") is not None:
+        estimate = estimate_from_document(doc["estimate"])
         if len(estimate.rows) != len(collectives):
             raise PlanError(
                 f"{source}: corrupt plan (estimate prices {len(estimate.rows)} collective rows, "
                 f"the plan has {len(collectives)})"
             )
-    known = {
-        "schema",
-        "case",
-        "provenance",
-        "tensors",
-        "collectives",
-        "memory",
-        "parts",
-        "compute",
-        "work",
-        "estimate",
-        "findings",
-    }
-    extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
+    known = PlanDocument.__annotations__.keys()
     return Plan(
         case=case,
-        provenance=provenance,
-        tensors=tuple(tensors),
+        provenance=tuple(sorted(doc["provenance"].items())),
+        tensors=tuple(sorted(doc["tensors"].items())),
         collectives=collectives,
-        memory=memory,
-        schema=str(data["schema"]),
-        extra=extra,
+        memory=tuple(sorted(doc["memory"].items())),
+        schema=doc["schema"],
+        extra=tuple(sorted((k, v) for k, v in data.items() if k not in known)),
         parts=tuple(part for part in PARTS if part in parts),
-        compute=compute,
-        work=work,
+        compute=tuple(sorted(doc.get("compute", {}).items())),
+        work=tuple(doc.get("work", ())),
         estimate=estimate,
-        findings=findings,
+        findings=tuple(doc.get("findings", ())),
     )
 
 
@@ -350,23 +254,3 @@ def finding_to_json(finding: Finding) -> dict[str, str]:
         "message": finding.message,
         "fix": finding.fix,
     }
-
-
-def finding_from_json(data: Any) -> Finding:
-    """Reads one entry of a plan's `findings` list.
-
-    Raises:
-      KeyError, TypeError, ValueError: not a finding (plan reading turns these into a PlanError).
-    """
-    if not isinstance(data, dict):
-        raise TypeError(f"a finding must be an object, found {type(data).__name__}")
-    severity = str(data["severity"])
-    if severity not in SEVERITIES:
-        raise ValueError(f"finding severity {severity!r} is not one of {', '.join(SEVERITIES)}")
-    return Finding(
-        lint=str(data["id"]),
-        severity=severity,
-        subject=str(data["subject"]),
-        message=str(data["message"]),
-        fix=str(data["fix"]),
-    )

@@ -10,6 +10,7 @@ import dataclasses
 
 from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule
+from shardscope.hlo.kinds import WorkKind
 from shardscope.plan.document import Plan
 from shardscope.plan.records import CollectiveRow, RuleCause
 from shardscope.predict.activations import tensor_parallel_sums
@@ -116,7 +117,7 @@ def predicted_plan(plan: Plan, remat: bool | None = None, case: Case | None = No
     placement = placement_of(plan, case)
     work = predicted_work(plan, remat, placement)
     # The step's totals, as a compiled plan records its own (the whole-step roofline and summaries read them).
-    device_work = [b for b in work if b.kind != "host"]
+    device_work = [b for b in work if b.kind != WorkKind.HOST]
     compute = (("bytes_accessed", sum(b.bytes for b in device_work)), ("flops", sum(b.flops for b in device_work)))
     provenance = (*((key, value) for key, value in plan.provenance if key != PREDICTED), (PREDICTED, True))
     return dataclasses.replace(

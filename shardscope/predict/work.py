@@ -34,7 +34,7 @@ from reference_models.config import DecoderConfig
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
 from shardscope.hlo.attention_kernels import causal_block_fraction
-from shardscope.hlo.profile import WorkBin
+from shardscope.hlo.profile import WorkBin, WorkKind
 from shardscope.plan.document import Plan
 from shardscope.plan.records import is_stack_name
 from shardscope.predict.layout import (
@@ -261,7 +261,7 @@ def _optimizer_bytes(plan: Plan) -> float:
     return 3.0 * params + 2.0 * state
 
 
-def _bins(uses: Iterable[_Use], kind: str, remat: bool) -> list[WorkBin]:
+def _bins(uses: Iterable[_Use], kind: WorkKind, remat: bool) -> list[WorkBin]:
     """The uses as work bins, per pass and loop, forward work once, backward twice (plus remat's forward)."""
     totals: dict[tuple[str, int], list[float]] = {}
     for use in uses:
@@ -312,10 +312,14 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     dispatch = _dispatch(plan, every, case, tokens, micro)
     matmuls += [use for use in dispatch if use.flops]  # MaxText's dense MoE: one-hot matmuls
     elementwise = _elementwise(plan, every, case, tokens, micro) + [use for use in dispatch if not use.flops]
-    bins = _bins(matmuls, "matmul", remat) + _bins(kernel, "grouped", remat) + _bins(elementwise, "memory", remat)
+    bins = (
+        _bins(matmuls, WorkKind.MATMUL, remat)
+        + _bins(kernel, WorkKind.GROUPED, remat)
+        + _bins(elementwise, WorkKind.MEMORY, remat)
+    )
     if flash:
-        bins += [dataclasses.replace(b, bytes=0, intensity=None) for b in _bins(attention, "kernel", remat)]
-    bins.append(WorkBin("memory", "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
+        bins += [dataclasses.replace(b, bytes=0, intensity=None) for b in _bins(attention, WorkKind.KERNEL, remat)]
+    bins.append(WorkBin(WorkKind.MEMORY, "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
     bins += _visit_gradients(plan, every, case) + _loop_state(plan, every, case, micro)
     return tuple(sorted(bins, key=lambda entry: entry.key))
 
@@ -370,7 +374,9 @@ def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -
         per_step = round((passes + converted) * weight.record.bytes_per_device)
         nbytes_ = per_step * weight.loop_trips
         bins.append(
-            WorkBin("memory", "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips)
+            WorkBin(
+                WorkKind.MEMORY, "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips
+            )
         )
     return bins
 
@@ -388,7 +394,9 @@ def _loop_state(plan: Plan, every: tuple[Weight, ...], case: Case | None, micro:
     state = microbatches * micro * case.model.embed_dim * nbytes((1,), case.model.dtype)
     trips = staged.loop_trips
     per_pass = round(_LOOP_STATE_PASSES / 2 * state * trips)
-    return [WorkBin("memory", pass_, trips, None, trips, 0, per_pass, trips) for pass_ in ("forward", "backward")]
+    return [
+        WorkBin(WorkKind.MEMORY, pass_, trips, None, trips, 0, per_pass, trips) for pass_ in ("forward", "backward")
+    ]
 
 
 def _is_vector(weight: Weight) -> bool:

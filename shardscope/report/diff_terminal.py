@@ -13,7 +13,7 @@ from rich.text import Text
 
 from shardscope.case.rules import SpecEntry
 from shardscope.case.topology import mesh_label
-from shardscope.diff.changes import Change, PlanDiff
+from shardscope.diff.changes import Change, CollectiveSide, PlanDiff
 from shardscope.diff.grouping import TensorGroup, group_tensor_changes, unit_axes
 from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
 from shardscope.plan.estimate import Estimate
@@ -106,11 +106,6 @@ def entry_text(entry: SpecEntry) -> str:
     return spec_text([entry])[2:-1]
 
 
-def side_spec(side: dict[str, Any]) -> tuple[SpecEntry, ...]:
-    """The spec of a tensor change's side, back in the normalised tuple form (JSON has lists)."""
-    return tuple(tuple(e) if isinstance(e, list) else e for e in side["spec"])
-
-
 def case_title(case: CaseRecord) -> str:
     """deepseek-tiny · default · cpu-8."""
     return f"{case.model} · {case.preset} · {case.topology}"
@@ -197,10 +192,8 @@ def dim_phrases(change: Change, unit: Collection[str] = ()) -> list[str]:
 def tensor_bytes(change: Change) -> tuple[int | None, int | None]:
     """Bytes per device of a tensor change, before and after (None on an absent side)."""
 
-    def side(record: Any) -> int | None:
-        return None if record is None else int(record["bytes_per_device"])
-
-    return side(change.before), side(change.after)
+    before, after = change.tensor_sides
+    return (None if before is None else before.bytes_per_device, None if after is None else after.bytes_per_device)
 
 
 def stat_text(change: Change, name: str) -> str:
@@ -208,27 +201,26 @@ def stat_text(change: Change, name: str) -> str:
     moved = {f.field: f for f in change.fields}
     if name in moved:
         return f"{_stat(name, moved[name].before)} → {_stat(name, moved[name].after)}"
-    row = change.after if change.after is not None else change.before
-    return _stat(name, row[name])
+    return _stat(name, getattr(change.collective, name))
 
 
 def _stat(name: str, value: Any) -> str:
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "/".join(_stat(name, v) for v in value)
     if name in ("bytes", "traffic"):
         return human_bytes(value)
     return "?" if value is None else str(value)
 
 
-def collective_shape(row: dict[str, Any]) -> str:
+def collective_shape(row: CollectiveSide) -> str:
     """float32[64,32]."""
-    return f"{row['dtype']}[{','.join(map(str, row['shape']))}]"
+    return f"{row.dtype}[{','.join(map(str, row.shape))}]"
 
 
-def collective_axes(row: dict[str, Any]) -> str:
+def collective_axes(row: CollectiveSide) -> str:
     """fsdp+expert, with the shift of a collective-permute."""
-    shift = f" shift {row['shift']:+d}" if row.get("shift") is not None else ""
-    return f"{row['axes_label']}{shift}"
+    shift = f" shift {row.shift:+d}" if row.shift is not None else ""
+    return f"{row.axes_label}{shift}"
 
 
 def summary_counts(diff: PlanDiff) -> list[str]:
@@ -284,18 +276,17 @@ def _tensor_table(groups: Sequence[TensorGroup], unit: Collection[str], width: i
         table.add_column(column, justify="right" if right else "left", overflow="fold", width=widths[column])
     for group in groups:
         change = group.change
-        side = change.after if change.after is not None else change.before
         path = Text(elide_middle(change.subject, widths["tensor"]))
         if group.mirrors:
             path.append(f"\n  + {len(group.mirrors)} mirrors (optimizer state, outputs)", "dim")
-        specs = " → ".join(spec_text(side_spec(s)) for s in (change.before, change.after) if s is not None)
+        specs = " → ".join(spec_text(s.spec) for s in change.tensor_sides if s is not None)
         before, after = tensor_bytes(change)
         sizes = " → ".join(human_bytes(b) for b in (before, after) if b is not None)
         style = {"up": "red", "down": "green", "same": ""}[trend(before, after)]
-        cells = {
+        cells: dict[str, RenderableType] = {
             "": TENSOR_MARKS[change.kind],
             "tensor": path,
-            "kind": side["kind"],
+            "kind": change.tensor.kind,
             "what changed": "\n".join(dim_phrases(change, unit)),
             "spec before → after": specs,
             "bytes / device": Text(sizes, style),
@@ -318,13 +309,13 @@ def _collective_table(changes: Sequence[Change], width: int) -> Table:
     style = {"collective_removed": "red", "collective_added": "green", "collective_changed": "yellow"}
     stats = {"count": "count", "bytes": "bytes", "trips": "loop_trips", "traffic": "traffic"}
     for change in changes:
-        row = change.after if change.after is not None else change.before
-        cells = {
+        row = change.collective
+        cells: dict[str, RenderableType] = {
             "": Text(COLLECTIVE_MARKS[change.kind], style[change.kind]),
-            "op": row["op"],
+            "op": row.op,
             "axes": collective_axes(row),
-            "pass": row["pass"],
-            "source": elide_middle(row["source"] or "(top level)", widths["source"]),
+            "pass": row.pass_,
+            "source": elide_middle(row.source or "(top level)", widths["source"]),
             "dtype[shape]": collective_shape(row),
             **{column: stat_text(change, name) for column, name in stats.items()},
         }

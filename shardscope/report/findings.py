@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.table import Table
@@ -76,17 +76,13 @@ def catalogue_table() -> Table:
     return table
 
 
-def finding_side(change: Change) -> dict[str, Any]:
-    """The finding a change is about, as plan JSON spells it (its new side unless it was resolved)."""
-    return change.after if change.after is not None else change.before
-
-
 def finding_change_text(change: Change) -> str:
     """What a changed finding now says ("was: …" for the old message), or its message."""
-    side = finding_side(change)
-    if change.kind == "finding_changed" and change.before["message"] != side["message"]:
-        return f"{side['message']} (was: {change.before['message']})"
-    return str(side["message"])
+    before, _ = change.finding_sides
+    side = change.finding
+    if change.kind == "finding_changed" and before is not None and before.message != side.message:
+        return f"{side.message} (was: {before.message})"
+    return side.message
 
 
 def finding_changes_table(changes: Sequence[Change]) -> FitToWidth:
@@ -99,12 +95,12 @@ def finding_changes_table(changes: Sequence[Change]) -> FitToWidth:
         for column in ("", "severity", "lint", "subject", "finding"):
             table.add_column(column, overflow="fold", width=widths[column])
         for change in changes:
-            side = finding_side(change)
+            side = change.finding
             table.add_row(
                 Text(FINDING_MARKS[change.kind], styles[change.kind]),
-                Text(side["severity"], SEVERITY_STYLES.get(side["severity"], "")),
-                Text(side["id"]),
-                Text(side["subject"]),
+                Text(side.severity, SEVERITY_STYLES.get(side.severity, "")),
+                Text(side.lint),
+                Text(side.subject),
                 Text(finding_change_text(change)),
             )
         return table

@@ -34,7 +34,6 @@ from shardscope.report.diff_terminal import (
     headline_sections,
     preset_origin,
     seconds_delta,
-    side_spec,
     summary_counts,
     tensor_bytes,
     trend,
@@ -43,7 +42,7 @@ from shardscope.report.diff_terminal import (
     verdict_text,
 )
 from shardscope.report.estimate_text import cost_rows, memory_source_label, route_label, target_label
-from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text, finding_side
+from shardscope.report.findings import FINDING_MARKS, FINDING_VERBS, finding_change_text
 from shardscope.report.html_collectives import collective_groups, collective_rows, top_collectives
 from shardscope.report.layout import spec_text
 from shardscope.report.svg import paired_bars, stacked_against_capacity
@@ -168,13 +167,13 @@ def spec_cells(
 
 
 def _tensor_row(change: Change, mirrors: Sequence[str], unit: frozenset[str]) -> dict[str, Any]:
-    side = change.after if change.after is not None else change.before
     specs = []
-    for name, record in (("before", change.before), ("after", change.after)):
+    for name, record in zip(("before", "after"), change.tensor_sides, strict=True):
         if record is not None:
-            specs.append({"side": name, "cells": spec_cells(side_spec(record), change.dims, name, unit)})
+            specs.append({"side": name, "cells": spec_cells(record.spec, change.dims, name, unit)})
     before, after = tensor_bytes(change)
-    shapes = [{"dtype": r["dtype"], "dims": r["shape"]} for r in (change.before, change.after) if r is not None]
+    # The template shows the shape as a list (its JSON spelling, as before the sides were records).
+    shapes = [{"dtype": r.dtype, "dims": list(r.shape)} for r in change.tensor_sides if r is not None]
     return {
         "mark": TENSOR_MARKS[change.kind],
         "cls": {"tensor_added": "add", "tensor_removed": "del"}.get(change.kind, ""),
@@ -186,7 +185,7 @@ def _tensor_row(change: Change, mirrors: Sequence[str], unit: frozenset[str]) ->
         "phrases": dim_phrases(change, unit) or ["added" if change.before is None else "removed"],
         "dims": [_dim_view(d, unit) for d in change.dims],
         "bytes": _sizes(before, after),
-        "kind": side["kind"],
+        "kind": change.tensor.kind,
     }
 
 
@@ -256,17 +255,17 @@ def _finding_rows(changes: Sequence[Change]) -> list[dict[str, str]]:
     classes = {"finding_added": "f-new", "finding_resolved": "f-gone", "finding_changed": "chg"}
     rows = []
     for change in changes:
-        side = finding_side(change)
+        side = change.finding
         rows.append(
             {
                 "mark": FINDING_MARKS[change.kind],
                 "cls": classes[change.kind],
                 "verb": FINDING_VERBS[change.kind],
-                "severity": side["severity"],
-                "id": side["id"],
-                "subject": side["subject"],
+                "severity": side.severity,
+                "id": side.lint,
+                "subject": side.subject,
                 "message": finding_change_text(change),
-                "fix": side["fix"],
+                "fix": side.fix,
             }
         )
     return rows

@@ -8,6 +8,7 @@ from typing import Any
 
 from shardscope.diff.causes import traffic_delta
 from shardscope.diff.changes import Change, PlanDiff
+from shardscope.plan.records import Cause
 from shardscope.report.diff_terminal import (
     COLLECTIVE_MARKS,
     collective_axes,
@@ -25,18 +26,18 @@ ROW_CLASS = {"collective_removed": "del", "collective_added": "add", "collective
 def collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
     rows = []
     for change in changes:
-        row = change.after if change.after is not None else change.before
+        row = change.collective
         moved = {f.field for f in change.fields}
         rows.append(
             {
                 "mark": COLLECTIVE_MARKS[change.kind],
                 "cls": ROW_CLASS[change.kind],
-                "op": row["op"],
+                "op": row.op,
                 "axes": collective_axes(row),
-                "pass": row["pass"],
-                "source": row["source"] or "(top level)",
+                "pass": row.pass_,
+                "source": row.source or "(top level)",
                 "shape": collective_shape(row),
-                "why": _why_text(row.get("cause")),
+                "why": _why_text(row.cause),
                 "stats": [
                     {"text": stat_text(change, name), "moved": name in moved}
                     for name in ("count", "bytes", "loop_trips", "traffic")
@@ -46,13 +47,12 @@ def collective_rows(changes: Sequence[Change]) -> list[dict[str, Any]]:
     return rows
 
 
-def _why_text(cause: Any) -> str:
+def _why_text(cause: Cause | None) -> str:
     """A collective's cause in one line, for the row's tooltip ("" without one)."""
-    if not cause:
+    if cause is None:
         return ""
-    rules = "; ".join(f"{r['logical']} → {'+'.join(r['axes'])}" for r in cause["rules"]) or "compiler's choice"
-    where = f" at {cause['line']}" if cause.get("line") else ""
-    return f"moves {', '.join(cause['tensors']) or '?'}; needed by {cause['consumer']}{where}; rule: {rules}"
+    where = f" at {cause.line}" if cause.line else ""
+    return f"moves {', '.join(cause.tensors) or '?'}; needed by {cause.consumer}{where}; rule: {cause.rules_text}"
 
 
 TOP_CHANGES = 5  # collective changes on the report's first screen

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from shardscope.atomic import write_atomic
 from shardscope.case.topology import mesh_label
+from shardscope.diff.causes import traffic_delta
 from shardscope.diff.changes import Change, PlanDiff
 from shardscope.diff.grouping import TensorGroup, group_tensor_changes, unit_axes
 from shardscope.diff.kinds import COLLECTIVE_CHANGE_KINDS, FINDING_CHANGE_KINDS, TENSOR_CHANGE_KINDS
@@ -36,7 +37,7 @@ from shardscope.report.diff_terminal import (
     verdict_text,
 )
 from shardscope.report.estimate_text import cost_headline, cost_rows
-from shardscope.report.findings import FINDING_MARKS, finding_change_text, finding_side
+from shardscope.report.findings import FINDING_MARKS, finding_change_text
 from shardscope.report.rule_changes import explained_groups
 
 TOP_TENSORS = 6
@@ -165,11 +166,11 @@ def _collectives(changes: Sequence[Change]) -> list[str]:
     # single-device groups move nothing, as in the headline totals.
     groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     for change in changes:
-        row = change.after if change.after is not None else change.before
-        key = (COLLECTIVE_MARKS[change.kind], row["op"], row["axes_label"], row["pass"])
+        row = change.collective
+        key = (COLLECTIVE_MARKS[change.kind], row.op, row.axes_label, row.pass_)
         groups[key][0] += 1
-        if row["axes"] != []:
-            groups[key][1] += ((change.after or {}).get("traffic") or 0) - ((change.before or {}).get("traffic") or 0)
+        if row.axes != ():
+            groups[key][1] += traffic_delta(change)
     ranked = sorted(groups.items(), key=lambda item: (-abs(item[1][1]), item[0]))
     lines = ["| | op | axes | pass | rows | traffic / step |", "|:-:|:--|:--|:--|--:|--:|"]
     for (mark, op, axes, pass_), (rows, traffic) in ranked[:TOP_COLLECTIVES]:
@@ -185,11 +186,11 @@ def _findings(changes: Sequence[Change]) -> list[str]:
     # Added findings first (what a reviewer must answer), then changed, then resolved; the most severe first.
     order = {"finding_added": 0, "finding_changed": 1, "finding_resolved": 2}
     rank = {"error": 0, "warning": 1, "info": 2}
-    ranked = sorted(changes, key=lambda c: (order[c.kind], rank.get(finding_side(c)["severity"], 3)))
+    ranked = sorted(changes, key=lambda c: (order[c.kind], rank.get(c.finding.severity, 3)))
     lines = ["| | severity | lint | subject | finding |", "|:-:|:--|:--|:--|:--|"]
     for change in ranked[:TOP_FINDINGS]:
-        side = finding_side(change)
-        cells = [FINDING_MARKS[change.kind], side["severity"], side["id"], side["subject"], finding_change_text(change)]
+        side = change.finding
+        cells = [FINDING_MARKS[change.kind], side.severity, side.lint, side.subject, finding_change_text(change)]
         lines.append("| " + " | ".join(md_escape(str(cell)) for cell in cells) + " |")
     if len(ranked) > TOP_FINDINGS:
         lines += ["", f"… and {len(ranked) - TOP_FINDINGS} more (the HTML report has them all)."]
