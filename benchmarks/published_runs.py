@@ -8,7 +8,7 @@ compiling one takes minutes to half an hour here, pricing it milliseconds, so a 
 measured on every run at once, and the calibration (`calibrate.py`) reads the same files.
 
   python benchmarks/published_runs.py                  the table: measured, expected per route, error, MAPE
-  python benchmarks/published_runs.py --markdown       the same table for the README
+  python benchmarks/published_runs.py --markdown       the same table for docs/concepts/validation.md
   python benchmarks/published_runs.py --plan ID [...]  (re)plan runs (`all`: every plannable run), --route cpu|tpu
 
 Dense runs of one slice are what `calibrate.py` fits the constants of `hardware.yaml` to; MoE runs, runs over
