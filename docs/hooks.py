@@ -7,13 +7,22 @@ directly. Nothing here is typed by hand, so the reference cannot fall behind the
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
 import typer.main
+
+# The reference describes the checkout it is built from, whichever shardscope is installed: its packages are
+# imported now, from the checkout (MkDocs puts sys.path back once this module has loaded).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+for _package in ("shardscope", "reference_models"):
+    importlib.import_module(_package)
 
 MARKER = re.compile(r"<!-- generated: ([a-z-]+) -->")
 

@@ -9,6 +9,7 @@ between its commands.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -27,6 +28,8 @@ DOCS = ROOT / "docs"
 # The README first, then the docs pages in a fixed order (a command may read what an earlier one wrote).
 PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if p.name != "getting-started.md")]
 GOLDEN = ROOT / "golden"
+# The commands run this checkout's code, whichever checkout the console script was installed from.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 # Commands whose documented outcome is "they differ" (exit 1).
 DIFFERING = ("shardscope diff ",)
 
@@ -100,7 +103,7 @@ def test_docs_command_runs(command, scratch):
     args = shlex.split(command)
     program = shutil.which("shardscope") if args[0] == "shardscope" else sys.executable
     assert program is not None, "the shardscope console script is not installed"
-    result = subprocess.run([program, *args[1:]], cwd=scratch, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([program, *args[1:]], cwd=scratch, capture_output=True, text=True, timeout=600, env=ENV)
     expected = 1 if command.startswith(DIFFERING) else 0
     assert result.returncode == expected, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert "Traceback" not in result.stderr

@@ -9,6 +9,7 @@ steps, against the goldens the page made.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGE = DOCS / "getting-started.md"
 WORKFLOW = ".github/workflows/shardscope.yml"
+# The commands run this checkout's code, whichever checkout the console script was installed from.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", flags=re.S | re.M)
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', flags=re.M)
@@ -61,7 +64,7 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     assert args[0] == "shardscope", f"the page runs only shardscope commands, found {command!r}"
     program = Path(sys.executable).parent / "shardscope"  # this environment's console script
     assert program.is_file(), "the shardscope console script is not installed"
-    return subprocess.run([program, *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([program, *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV)
 
 
 def test_the_page_reads_into_files_and_commands():
