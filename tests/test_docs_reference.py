@@ -109,3 +109,22 @@ def test_the_reference_renders_without_jax_in_a_fresh_process():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_code_cites_only_documents_in_the_repository():
+    """Comments and docstrings point at ARCHITECTURE.md and docs pages that exist, never at a design document
+    the repository does not have."""
+    root = DOCS.parent
+    cited: set[str] = set()
+    for folder in ("shardscope", "reference_models", "benchmarks", "scripts"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix not in (".py", ".yaml", ".yml", ".j2") or not path.is_file():
+                continue
+            if "maxtext" in path.relative_to(root).parts[:3]:
+                continue  # MaxText's own config files, as MaxText ships them (citing MaxText's docs)
+            text = path.read_text(encoding="utf-8")
+            assert not re.search(r"DESIGN(\.md)? ?§", text), f"{path} cites a document the repository lacks"
+            if path.suffix == ".py":  # data files cite other projects' docs (MaxText's sources of a run)
+                cited |= set(re.findall(r"\b(ARCHITECTURE\.md|docs/[\w/.-]+\.md)", text))
+    assert "ARCHITECTURE.md" in cited
+    assert all((root / document).is_file() for document in cited), sorted(cited)
