@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (the TPU extra too: TPU goldens are checked; the cluster
-# extra: a test starts a local Ray cluster), then lint, type check and the test suite; then the maxtext: lane
+# extra: a test starts a local Ray cluster; the docs extra), then lint, type check, the docs build (warnings
+# are errors) and the test suite; then the maxtext: lane
 # (MaxText's own programs, which need Python 3.12 or newer) in a virtual environment of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,cluster]"
+python -m pip install --quiet --disable-pip-version-check -e ".[dev,docs,tpu,cluster]"
 
 # The HTML report is checked in a real headless browser (Debian's chromium) when one can be installed.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -17,6 +18,11 @@ python -m ruff check .
 python -m ruff format --check .
 python -m mypy shardscope reference_models
 lint-imports
+# The docs site, strict: a broken link, a missing page or an unreadable docstring fails the build. Built into
+# a temporary directory, so the run leaves nothing behind.
+SITE=$(mktemp -d)
+trap 'rm -rf "$SITE"' EXIT
+NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$SITE"
 # Two processes (a file's tests in one, so its module fixtures are built once); `-p no:benchmark`: an
 # installed pytest-benchmark would refuse to run beside xdist.
 python -m pytest -n auto --dist loadfile -p no:benchmark "$@"

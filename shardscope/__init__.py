@@ -31,12 +31,8 @@ it so):
 Beside the pipeline, two front ends that nothing inside imports: this module (the library) and
 `pytest_plugin` (golden tests of one's own functions); `tables` is the library's pandas groupings.
 
-Where the code said otherwise than the first sketch of this layout: the hardware table lives with the TPU
-generations in `case/` (a topology's wraparound links are one of its figures); the plan's `findings` and
-`estimate` records live in `plan/` (the plan holds them; `lint/` and `cost/` compute them); counting an
-instruction's FLOPs and bytes is `hlo/work` (read by extract and cost alike); planning a case end to end
-(compile, extract, lint, the plan cache) is `golden/planning`, over `golden/pipeline` for a cache miss (the
-layer that has all of them below it).
+ARCHITECTURE.md has the records each folder hands on and how to add a model, a lint, a preset, a hardware
+generation or a report section.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_golden_causes_name_tensors_and_rules_of_the_plan(case):
 
 def test_goldens_cover_most_traffic_with_a_rule():
     # Measured, not a threshold of the contract: the share of traffic a rule explains (the rest is the
-    # compiler's choice); printed for the README's figure.
+    # compiler's choice); printed for the validation page's figure.
     ruled = total = 0
     for _, plan in _golden_plans():
         for row in plan.collectives:

@@ -309,14 +309,15 @@ def test_lint_plans_maxtexts_program_and_names_an_unsharded_large_weight(tmp_pat
     assert any(f["id"] == "large-replicated" and "token_embedder/embedding" in f["subject"] for f in findings)
 
 
-def test_the_readmes_maxtext_commands_run_as_written(tmp_path):
-    """The README's `maxtext:` commands (and `why` of the plan one writes), in order, as a user types them."""
+def test_the_docs_maxtext_commands_run_as_written(tmp_path):
+    """The `maxtext:` commands of the MaxText guide (and `why` of the plan one writes), in order, as a user
+    types them."""
     import re
     import shlex
     import subprocess
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "maxtext-models.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", guide, flags=re.S)
     lines = [line.split("  #", 1)[0].strip() for block in blocks for line in block.splitlines()]
     commands = [c for c in lines if c.startswith("shardscope ") and ("maxtext:" in c or "qwen.json" in c)]
     assert len(commands) >= 4, commands

@@ -82,7 +82,7 @@ def dump_command(
         str | None,
         typer.Option(
             "--step",
-            help="Your own program: module:function returning (jitted step, args, mesh); see the README.",
+            help="Your own program: module:function returning (jitted step, args, mesh); see docs/how-to/own-model.md.",
         ),
     ] = None,
     name: Annotated[

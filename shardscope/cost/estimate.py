@@ -1,5 +1,5 @@
 """A plan priced on a target TPU: time per collective row and per axis/op/pass, compute, step-time bounds
-and memory against capacity (the plan's `estimate` section, DESIGN §8).
+and memory against capacity (the plan's `estimate` section; ARCHITECTURE.md).
 
 Pure: a Plan, a Hardware record and a Layout in, a frozen `Estimate` out. Rows are priced as the plan
 records them (per device, × count × loop trips); rows whose groups match no mesh axes, whose trip count

@@ -1,4 +1,4 @@
-"""The plan: the record every later stage reads (schema `shardscope.plan/1`, DESIGN §3).
+"""The plan: the record every later stage reads (schema `shardscope.plan/1`; ARCHITECTURE.md, "The records").
 
 - `records`: the rows (a tensor's placement, a collective row, the case header) and schema constants;
 - `document`: the `Plan` itself; `findings` and `estimate`: the records of its extra sections;

@@ -1,4 +1,4 @@
-"""What a plan costs on a target TPU, as records: the plan's `estimate` section (DESIGN §8).
+"""What a plan costs on a target TPU, as records: the plan's `estimate` section (ARCHITECTURE.md).
 
 `shardscope.cost` computes them from a plan and a hardware table; `shardscope.plan.estimate_json` writes
 and reads them. Derived figures (step bounds, the roofline, memory totals) are properties, never stored.
