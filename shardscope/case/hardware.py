@@ -22,7 +22,7 @@ TABLE = "hardware.yaml"
 # The figures every generation must give; `chip_link_bandwidth` only where a chip is several devices.
 # Figures an entry may leave out: a chip with one device has no link between its devices; without a host
 # bandwidth, offloaded tensors' transfers are not priced.
-OPTIONAL_FIGURES = ("chip_link_bandwidth", "host_bandwidth")
+OPTIONAL_FIGURES = ("chip_link_bandwidth", "host_bandwidth", "peak_fp8_flops", "peak_int8_ops")
 FIGURES = (
     "peak_bf16_flops",
     "hbm_bytes",
@@ -62,6 +62,10 @@ class Hardware:
     dcn_latency: float  # seconds per step of a collective over DCN
     chip_link_bandwidth: float | None = None  # bytes/s one direction between devices of one chip
     host_bandwidth: float | None = None  # bytes/s per chip between HBM and host memory (remat offload)
+    # Peak FLOP/s per chip of matmuls whose inputs are 8-bit floats, and OP/s of 8-bit integers (None: not
+    # published; such matmuls are then priced at the bfloat16 peak).
+    peak_fp8_flops: float | None = None
+    peak_int8_ops: float | None = None
     efficiency: float = 1.0  # the table's default fraction of link bandwidth collectives reach
     # Fitted to published step times (the table's `calibration`): the fraction of peak FLOP/s the matrix
     # units reach on a compiled step's matmuls, and of peak bandwidth its HBM traffic reaches.
@@ -95,6 +99,11 @@ class Hardware:
     def flops_per_device(self) -> float:
         """Peak bf16 FLOP/s of one JAX device."""
         return self.peak_bf16_flops / self.devices_per_chip
+
+    def peak_flops_per_device(self, precision: str = "") -> float:
+        """Peak FLOP/s of one JAX device for matmuls of a precision class (`WorkBin.precision`)."""
+        peak = {"fp8": self.peak_fp8_flops, "int8": self.peak_int8_ops}.get(precision)
+        return (peak or self.peak_bf16_flops) / self.devices_per_chip
 
     @property
     def hbm_bytes_per_device(self) -> int:

@@ -48,9 +48,11 @@ def bin_seconds(entry: WorkBin, hardware: Hardware, cpu_program: bool = False, e
     `cpu_memory_bytes_factor`, and relayouts the rows a dropless MoE's gathers and scatters permute, which
     count at `cpu_gather_bytes_factor` (both fitted to TPU compiles of the same cases by
     benchmarks/calibrate.py). A `buffer` bin holds bytes the TPU moves as counted: no factor."""
-    flops_rate = hardware.flops_per_device * hardware.mxu_efficiency
+    # An 8-bit matmul runs at the chip's peak for its precision, at the same fraction of it.
+    peak = hardware.peak_flops_per_device(entry.precision)
+    flops_rate = peak * hardware.mxu_efficiency
     if entry.kind == WorkKind.GROUPED:
-        flops_rate = hardware.flops_per_device * hardware.grouped_efficiency(expert_width)
+        flops_rate = peak * hardware.grouped_efficiency(expert_width)
     if entry.kind == WorkKind.KERNEL:
         return entry.flops / (hardware.flops_per_device * (hardware.kernel_efficiency or hardware.mxu_efficiency))
     if entry.kind == WorkKind.HOST:

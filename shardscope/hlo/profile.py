@@ -89,6 +89,7 @@ BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
 _MATRIX_OPS = frozenset({"dot", "convolution"})
+MATRIX_PRECISIONS = ("", "fp8", "int8")
 _ROW_OPS = frozenset({"gather", "scatter"})
 
 
@@ -106,12 +107,16 @@ class WorkBin:
     # Runs per step of the outermost loop body the ops are in (1 outside loops): a loop nested in a layer
     # loop (a windowed matmul's) is part of the layer's step, which is what overlaps with its collectives.
     region: int = 0  # 0: not recorded (read as `executions`)
+    # The element type class the matrix units multiply (`MATRIX_PRECISIONS`): "" for bfloat16 and wider,
+    # "fp8" or "int8" where both inputs of the ops' matmuls are 8-bit (a quantized step's); a chip's peak
+    # differs by it.
+    precision: str = ""
 
     @property
-    def key(self) -> tuple[WorkKind, str, int, int, int]:
-        """Sort key: kind, pass, executions, region, intensity (None first)."""
+    def key(self) -> tuple[WorkKind, str, int, int, int, str]:
+        """Sort key: kind, pass, executions, region, intensity (None first), precision."""
         intensity = -(10**6) if self.intensity is None else self.intensity
-        return (self.kind, self.pass_, self.executions, self.region, intensity)
+        return (self.kind, self.pass_, self.executions, self.region, intensity, self.precision)
 
 
 def _intensity(flops: int, nbytes: int) -> int | None:
@@ -159,12 +164,48 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
     return total
 
 
+def matrix_precision(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> str:
+    """The precision class its matrix units run an op's matmul at (see `WorkBin.precision`): that of a dot's
+    or convolution's two inputs, of the largest matmul a fusion runs inside, or of a kernel call's inputs
+    (its integer group sizes aside)."""
+    if instruction.opcode in _MATRIX_OPS:
+        return _precision_of(operand_shapes[:2])
+    if instruction.opcode == "custom-call":
+        return _precision_of([s for s in operand_shapes if not shape_info(s)[0].startswith("int32")])
+    if instruction.opcode not in ("fusion", "async-start"):
+        return ""
+    largest: tuple[int, str] = (0, "")
+    for attribute, callee in instruction.callees():
+        if attribute != "calls":
+            continue
+        shapes = program.shapes(callee)
+        for inner in program.instructions(callee):
+            if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
+                inner_shapes = [shapes.get(o, "") for o in inner.operands]
+                flops = _matrix_flops(program, inner, inner_shapes)
+                largest = max(largest, (flops, matrix_precision(program, inner, inner_shapes)))
+    return largest[1]
+
+
+def _precision_of(shapes: Sequence[str]) -> str:
+    dtypes = [shape_info(s)[0] for s in shapes]
+    if dtypes and all(d.startswith("float8") for d in dtypes):
+        return "fp8"
+    if dtypes and all(d in ("int8", "uint8") for d in dtypes):
+        return "int8"
+    return ""
+
+
 class _Graph(NamedTuple):
     """A computation's ops: each one's own op_name, its users and its operands (within the computation)."""
 
     own: dict[str, str]
     users: dict[str, list[str]]
     operands: dict[str, list[str]]
+
+
+def operand_shapes_of(shapes: Mapping[str, str], instruction: Instruction) -> list[str]:
+    return [shapes.get(operand, "") for operand in instruction.operands]
 
 
 def _graph(instructions: Sequence[Instruction]) -> _Graph:
@@ -373,7 +414,7 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
     # Explicit axes: every accumulated sum is taken in the loop, its adds on their own; Auto: a sum added into
     # a slot is moved out of the loop, its adds done inside the matmuls (`shardscope.hlo.accumulation`).
     accumulating = accumulations.adds if explicit_reductions else accumulations.slot_adds
-    sums: dict[tuple[WorkKind, str, int, int, int | None], list[int]] = defaultdict(lambda: [0, 0, 0])
+    sums: dict[tuple[WorkKind, str, int, int, int | None, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for name, count in runs.items():
         if not count or name in fused or name in expanded:
             continue
@@ -408,17 +449,21 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
                 flops //= 2
             pass_ = pass_of(op_name) if op_name else "other"
             region = regions.get(name, count)
+            matrix = kind in (WorkKind.MATMUL, WorkKind.GROUPED) and flops
+            precision = matrix_precision(program, instruction, operand_shapes_of(shapes, instruction)) if matrix else ""
             entries = [(kind, flops, nbytes)]
             scattering = instruction.opcode == "fusion" and kind != WorkKind.KERNEL
             buffer = materialised_scatter_bytes(program, instruction) if scattering else 0
             entries += [(WorkKind.BUFFER, 0, buffer)] if buffer else []
             for entry_kind, entry_flops, entry_bytes in entries:
-                total = sums[(entry_kind, pass_, count, region, _intensity(entry_flops, entry_bytes))]
+                entry_precision = precision if entry_kind == kind else ""
+                intensity = _intensity(entry_flops, entry_bytes)
+                total = sums[(entry_kind, pass_, count, region, intensity, entry_precision)]
                 total[0] += count
                 total[1] += count * entry_flops
                 total[2] += count * entry_bytes
     bins = (
-        WorkBin(kind, pass_, executions, intensity, ops, flops, nbytes, region)
-        for (kind, pass_, executions, region, intensity), (ops, flops, nbytes) in sums.items()
+        WorkBin(kind, pass_, executions, intensity, ops, flops, nbytes, region, precision)
+        for (kind, pass_, executions, region, intensity, precision), (ops, flops, nbytes) in sums.items()
     )
     return tuple(sorted(bins, key=lambda b: b.key))

@@ -126,8 +126,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def work_to_json(entry: WorkBin) -> dict[str, Any]:
-    """One bin of the compiled step's work profile."""
-    return {
+    """One bin of the compiled step's work profile (`precision` only where the matmuls are 8-bit)."""
+    data: dict[str, Any] = {
         "kind": entry.kind,
         "pass": entry.pass_,
         "executions": entry.executions,
@@ -137,6 +137,9 @@ def work_to_json(entry: WorkBin) -> dict[str, Any]:
         "bytes": entry.bytes,
         "region": entry.region,
     }
+    if entry.precision:
+        data["precision"] = entry.precision
+    return data
 
 
 def plan_to_json(plan: Plan) -> str:
