@@ -3,7 +3,10 @@ H100 hosts (skipped, saying so, where the GPU extra is not installed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +24,7 @@ from shardscope.extract.links import NETWORK, NVLINK, link_of
 from shardscope.stages.devices import gpu_grid
 
 runner = CliRunner()
-HAS_PLUGIN = __import__("importlib").util.find_spec("jax_cuda12_plugin") is not None
+HAS_PLUGIN = importlib.util.find_spec("jax_cuda12_plugin") is not None
 needs_plugin = pytest.mark.skipif(not HAS_PLUGIN, reason="the GPU extra is not installed: pip install '.[gpu]'")
 
 
@@ -184,3 +187,33 @@ def test_two_hosts_cross_the_network_on_data_only(h100_plans):
 @pytest.mark.slow
 def test_gpu_plan_is_deterministic(h100_plans):
     assert h100_plans["h100-2x8"].read_bytes() == h100_plans["h100-2x8 again"].read_bytes()
+
+
+def _page_commands() -> list[str]:
+    page = Path(__file__).parents[1] / "docs" / "how-to" / "gpu-clusters.md"
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    return [
+        line.split("  #", 1)[0].strip() for b in blocks for line in b.splitlines() if line.startswith("shardscope ")
+    ]
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_gpu_page_commands_run(tmp_path):
+    """The how-to page's commands, in order (the later ones read what the earlier wrote)."""
+    commands = _page_commands()
+    assert len(commands) == 3
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    for command in commands:
+        args = shlex.split(command)
+        result = subprocess.run(
+            [sys.executable, "-m", "shardscope.cli", *args[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+        assert "Traceback" not in result.stderr
+    assert (tmp_path / "h100-2x8.json").exists()
