@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (the TPU extra too: TPU goldens are checked; the cluster
 # extra: a test starts a local Ray cluster; the docs extra), then lint, type check, the docs build (warnings
-# are errors) and the test suite; then the maxtext: lane
+# are errors) and the test suite; then the GPU lane (the GPU extra) and the maxtext: lane
 # (MaxText's own programs, which need Python 3.12 or newer) in a virtual environment of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,14 @@ NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$SITE"
 # Two processes (a file's tests in one, so its module fixtures are built once); `-p no:benchmark`: an
 # installed pytest-benchmark would refuse to run beside xdist.
 python -m pytest -n auto --dist loadfile -p no:benchmark "$@"
+
+# The GPU lane: JAX's CUDA plugin and ptxas (the GPU extra, about 215 MB) in a virtual environment of its own over
+# this one's packages, so the suite above runs without the plugin (whose tests skip there) and these compile for
+# H100 hosts without a GPU.
+GPU_VENV=${SHARDSCOPE_GPU_VENV:-.venv-gpu}
+[ -x "$GPU_VENV/bin/python" ] || python -m venv --system-site-packages "$GPU_VENV"
+"$GPU_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[gpu]"
+"$GPU_VENV/bin/python" -m pytest -p no:benchmark tests/test_gpu.py
 
 # The maxtext: lane. A Python 3.12: $PY312, else the one on PATH, else pyenv's (the CI image has one).
 if [ -z "${PY312:-}" ]; then

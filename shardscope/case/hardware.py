@@ -143,6 +143,11 @@ def table_source() -> str:
     return f"shardscope/case/{TABLE}" + (f" with {own} over it" if own else "")
 
 
+def hardware_table() -> dict[str, Any]:
+    """The whole table as read (the built-in one, with SHARDSCOPE_HARDWARE_TABLE's entries over it)."""
+    return _table()
+
+
 def _table() -> dict[str, Any]:
     built_in = _read_table(None)
     path = os.environ.get(TABLE_ENV)
@@ -153,6 +158,7 @@ def _table() -> dict[str, Any]:
         "efficiency": own.get("efficiency", built_in.get("efficiency")),
         "calibration": {**built_in.get("calibration", {}), **own.get("calibration", {})},
         "generations": {**built_in["generations"], **own["generations"]},
+        "gpus": {**built_in.get("gpus", {}), **own.get("gpus", {})},
     }
 
 

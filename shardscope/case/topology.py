@@ -1,4 +1,5 @@
-"""Topologies by name (`cpu-N`, TPU slices such as `v5p-16`, several slices `2xv5p-16`), the `--mesh` grammar
+"""Topologies by name (`cpu-N`, TPU slices such as `v5p-16`, several slices `2xv5p-16`, GPU clusters such as
+`h100-2x8`), the `--mesh` grammar
 and a preset's mesh on a topology's devices (no JAX: the devices themselves are `shardscope.stages.devices`)."""
 
 from __future__ import annotations
@@ -8,6 +9,15 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from shardscope.case.gpu import (
+    GPU_EXTRA_HINT,
+    GpuCluster,
+    gpu_plugin_version,
+    is_gpu_name,
+    known_gpu_names,
+    parse_gpu_cluster,
+    with_gpu_domains,
+)
 from shardscope.case.presets import Preset
 from shardscope.case.tpu import TPU_EXTRA_HINT, TpuSlice, is_tpu_name, known_tpu_names, libtpu_version, parse_tpu_slice
 from shardscope.errors import MeshError, ShardscopeError, unknown_name
@@ -25,10 +35,13 @@ class Topology:
     """A named set of devices to compile for."""
 
     name: str
-    platform: str  # "cpu" or "tpu"
+    platform: str  # "cpu", "tpu" or "gpu"
     num_devices: int
     tpu: TpuSlice | None = None
-    slices: int = 1  # TPU slices joined over the data-center network (DCN)
+    # TPU slices joined over the data-center network (DCN); on a GPU cluster, its NVLink domains joined by the
+    # network.
+    slices: int = 1
+    gpu: GpuCluster | None = None
 
 
 _SLICES = re.compile(r"(\d+)x(.+)")
@@ -54,10 +67,10 @@ def check_spans_slices(sizes: Mapping[str, int], slices: int, axis: str) -> None
 
 def get_topology(name: str) -> Topology:
     """Parses a topology name: `cpu-N` (N fake host devices), a TPU slice (`v5p-16`, `tpu7x-8`, …), or
-    several TPU slices (`2xv5p-16`, as `--slices 2` writes it).
+    several TPU slices (`2xv5p-16`, as `--slices 2` writes it), or a GPU cluster (`h100-2x8`: 2 hosts of 8).
 
     Raises:
-      ShardscopeError: an unknown name, or a TPU slice without the TPU extra installed.
+      ShardscopeError: an unknown name, or a TPU slice (GPU cluster) without the TPU (GPU) extra installed.
     """
     slices = _SLICES.fullmatch(name)
     if slices and is_tpu_name(slices.group(2)):
@@ -77,7 +90,18 @@ def get_topology(name: str) -> Topology:
         if libtpu_version() is None:
             raise ShardscopeError(f"topology {name!r} compiles for TPU, which needs libtpu: {TPU_EXTRA_HINT}")
         return Topology(name=name, platform="tpu", num_devices=tpu.num_devices, tpu=tpu)
-    raise unknown_name("topology", name, ["cpu-8", "cpu-N", *known_tpu_names(), "KxTPU (e.g. 2xv5p-16)"])
+    if is_gpu_name(name):
+        gpu = parse_gpu_cluster(name)
+        if gpu_plugin_version() is None:
+            raise ShardscopeError(
+                f"topology {name!r} compiles for NVIDIA GPUs, which needs JAX's CUDA plugin: {GPU_EXTRA_HINT}"
+            )
+        return Topology(name=name, platform="gpu", num_devices=gpu.num_devices, slices=gpu.domains, gpu=gpu)
+    raise unknown_name(
+        "topology",
+        name,
+        ["cpu-8", "cpu-N", *known_tpu_names(), "KxTPU (e.g. 2xv5p-16)", *known_gpu_names(), "GEN-HOSTSxGPUS"],
+    )
 
 
 def needs_libtpu(name: str) -> bool:
@@ -86,10 +110,18 @@ def needs_libtpu(name: str) -> bool:
     return is_tpu_name(slices.group(2) if slices else name)
 
 
+def needs_gpu_plugin(name: str) -> bool:
+    """Whether a topology name compiles for NVIDIA GPUs (`h100-2x8`), which needs the GPU extra."""
+    return is_gpu_name(name)
+
+
 def with_slices(topology: str, slices: int) -> str:
-    """The topology name `--slices K` stands for: K copies of a TPU slice (`2xv5p-16`)."""
+    """The topology name `--slices K` stands for: K copies of a TPU slice (`2xv5p-16`), or K NVLink domains of
+    a GPU cluster (`h100-1x8` → `h100-2x8`)."""
     if slices == 1:
         return topology
+    if slices > 1 and is_gpu_name(topology):
+        return with_gpu_domains(topology, slices)
     if slices < 1 or not is_tpu_name(topology):
         raise ShardscopeError(f"--slices {slices}: applies to a single TPU slice name such as v5p-16, not {topology!r}")
     return f"{slices}x{topology}"

@@ -12,10 +12,12 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from shardscope.case.gpu import is_gpu_name
 from shardscope.case.hardware import Hardware, HardwareError, load_hardware
 from shardscope.case.topology import DCN_AXIS, dcn_axis_of
 from shardscope.case.tpu import is_tpu_name, parse_tpu_slice
 from shardscope.cost.estimate import estimate_plan
+from shardscope.cost.gpu import estimate_gpu_plan
 from shardscope.cost.layout import Layout, layout_for
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import Estimate
@@ -82,6 +84,9 @@ def check_pricing(
     Raises:
       HardwareError / MeshError: as `price_plan`.
     """
+    if is_gpu_name(topology):
+        check_gpu_pricing(topology, hardware, efficiency)
+        return None
     target = target_for(topology, hardware)
     if target is None:
         if efficiency is not None:
@@ -91,6 +96,21 @@ def check_pricing(
         raise HardwareError(f"--efficiency must be in (0, 1], found {efficiency}")
     layout_for(target.hardware, mesh, slices=target.slices, slice_shape=target.slice_shape, dcn_axis=dcn_axis)
     return target
+
+
+def check_gpu_pricing(topology: str, hardware: str | None, efficiency: float | None) -> None:
+    """A GPU cluster's plan prices on its own GPUs, at the table's efficiency.
+
+    Raises:
+      HardwareError: another generation or an efficiency is asked for.
+    """
+    own = topology.split("-", 1)[0]
+    if hardware is not None and hardware != own:
+        raise HardwareError(f"--hardware {hardware}: a plan for GPU cluster {topology} prices only on its own {own}")
+    if efficiency is not None:
+        raise HardwareError(
+            f"--efficiency: a plan for GPU cluster {topology} prices at the hardware table's efficiency"
+        )
 
 
 def layout_of(plan: Plan, target: Target) -> Layout:
@@ -142,12 +162,16 @@ def route_of(topology: str, generation: str) -> str:
 def price_plan(plan: Plan, hardware: str | None = None, efficiency: float | None = None) -> Plan:
     """The plan with its `estimate` section: on `hardware` (a generation name) or on its own TPU topology.
 
-    A CPU plan with no hardware named is returned unpriced (without an estimate).
+    A CPU plan with no hardware named is returned unpriced (without an estimate). A GPU cluster's plan prices
+    on its own GPUs only (`shardscope.cost.gpu`, uncalibrated).
 
     Raises:
       HardwareError / MeshError: an unknown generation, an efficiency outside (0, 1], or a mesh that is not
-        a slice of that generation.
+        a slice of that generation; a GPU plan given another generation or an efficiency.
     """
+    if is_gpu_name(plan.case.topology):
+        check_gpu_pricing(plan.case.topology, hardware, efficiency)
+        return dataclasses.replace(plan, estimate=estimate_gpu_plan(plan))
     target = check_pricing(plan.case.topology, plan.case.mesh, hardware, efficiency, dcn_axis_of(plan.case.overrides))
     if target is None:
         return dataclasses.replace(plan, estimate=None)

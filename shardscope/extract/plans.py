@@ -11,6 +11,7 @@ from reference_models.sharding import is_explicit
 from shardscope.case.resolve import Case
 from shardscope.case.tpu import libtpu_version
 from shardscope.extract.collectives import extract_collectives
+from shardscope.extract.links import with_links
 from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
@@ -71,10 +72,11 @@ def slice_mesh(case: Case) -> tuple[tuple[str, int], ...]:
     """The mesh one compiled module's device groups refer to.
 
     A program for several TPU slices is compiled per slice: its replica groups number one slice's devices,
-    and traffic between slices travels as host transfers (send/recv), which are not collectives here.
+    and traffic between slices travels as host transfers (send/recv), which are not collectives here. A GPU
+    cluster's program is one for every GPU: its groups number them all.
     """
     slices = case.topology.slices
-    if slices == 1:
+    if slices == 1 or case.topology.gpu is not None:
         return case.mesh
     return tuple((axis, size // slices if axis == case.dcn_axis else size) for axis, size in case.mesh)
 
@@ -96,13 +98,16 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     # A CPU program is read as the TPU would run it; where a loop's sums are taken depends on who asks for
     # them (`shardscope.hlo.accumulation`): the partitioner (Auto axes) or the program (Explicit).
     cpu, explicit = case.topology.platform == "cpu", case.axis_types == "explicit"
+    collectives = extract_collectives(
+        module, slice_mesh(case), narrow=cpu, explain=explain, moved_out=cpu and not explicit
+    )
+    if case.topology.gpu is not None:
+        collectives = with_links(collectives, step.mesh, case.topology.gpu)
     return Plan(
         case=case_record(case),
         provenance=provenance(case.topology.platform, step.compiler_options),
         tensors=tensors,
-        collectives=extract_collectives(
-            module, slice_mesh(case), narrow=cpu, explain=explain, moved_out=cpu and not explicit
-        ),
+        collectives=collectives,
         memory=memory_of(step.compiled, case.topology.platform),
         schema=SCHEMA,
         compute=compute_of(module),

@@ -13,6 +13,8 @@ from shardscope.plan.records import CollectiveRow
 # Where a memory need comes from: the TPU compiler's own figures, or the tensors' estimate (a floor).
 EXACT = "tpu compiler"
 ESTIMATED = "estimated from tensors (named tensors only)"
+# A GPU compile's figures: the GPU compiler reports no peak, so their sum (an upper bound) is held against capacity.
+GPU_COMPILER = "gpu compiler (static sum of its figures)"
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class MemoryEstimate:
 
     categories: tuple[tuple[str, int], ...]
     capacity: int
-    source: str  # EXACT or ESTIMATED
+    source: str  # EXACT, ESTIMATED or GPU_COMPILER
 
     @property
     def total(self) -> int:

@@ -73,6 +73,8 @@ def collective_to_json(row: CollectiveRow) -> dict[str, Any]:
         data["tpu_moved_out"] = row.tpu_moved_out
     if row.cause is not None:
         data["cause"] = cause_to_json(row.cause)
+    if row.link is not None:
+        data["link"] = row.link
     return data
 
 

@@ -112,6 +112,9 @@ class CollectiveRow:
     tpu_moved_out: int | None = None
     # Why it runs (`shardscope.extract.causes`); None in plans made before causes, imports and bare HLO.
     cause: Cause | None = None
+    # On a GPU cluster: whether its groups stay inside one NVLink domain ("nvlink") or cross the network
+    # between domains ("network"); None elsewhere, and for groups that match no mesh axes.
+    link: str | None = None
 
     @property
     def traffic(self) -> int | None:
@@ -213,10 +216,12 @@ def axes_label(row: CollectiveRow) -> str:
 
 def axes_with_marks(row: CollectiveRow) -> str:
     """`axes_label` with what a table of rows says beside it: a permute's shift, a hand-off (nothing hides
-    it, see the expected step) and a CPU program's all-reduce the TPU sums once after its loop."""
+    it, see the expected step), a CPU program's all-reduce the TPU sums once after its loop, and on a GPU
+    cluster whether it stays in an NVLink domain or crosses the network."""
     marks = f" shift {row.shift:+d}" if row.shift is not None else ""
     marks += " (hand-off)" if row.handoff else ""
     marks += " (TPU: once, after the loop)" if row.tpu_moved_out is not None else ""
+    marks += {"nvlink": " (NVLink)", "network": " (network)"}.get(row.link or "", "")
     return axes_label(row) + marks
 
 

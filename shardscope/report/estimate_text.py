@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from shardscope.plan.estimate import Estimate
+from shardscope.plan.estimate import GPU_COMPILER, Estimate
 from shardscope.plan.units import human_bytes, human_flops, human_seconds, signed_seconds
 
 
@@ -65,7 +65,10 @@ def memory_verdict(estimate: Estimate) -> str:
 
 
 def memory_source_label(estimate: Estimate) -> str:
-    """Where the need comes from: the TPU compiler (exact) or the named tensors (a floor)."""
+    """Where the need comes from: the TPU compiler (exact), the GPU compiler (the sum of its figures: an upper
+    bound) or the named tensors (a floor)."""
+    if estimate.memory.source == GPU_COMPILER:
+        return "GPU compiler: arguments + outputs + temporaries, an upper bound"
     return "TPU compiler, exact" if estimate.memory.exact else "estimated from named tensors: a floor"
 
 

@@ -11,6 +11,7 @@ findings (see `shardscope.lint.remat`).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import sys
@@ -23,8 +24,11 @@ LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 SHOWN_LEVEL_ENV = "SHARDSCOPE_SHOWN_LOG_LEVEL"
 WARNING = 1  # absl's levels: 0 info, 1 warning, 2 error, 3 fatal
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
-# An absl log line: "W1123 02:44:33.431160   26390 spmd_partitioner.cc:656] ..."
-_LOG_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\]]+\] ")
+# An absl log line: "W1123 02:44:33.431160   26390 spmd_partitioner.cc:656] ..."; before absl is initialised
+# (JAX's CUDA plugin logs then) the seconds are since the epoch: "I0000 00:00:1795946538.060484 …".
+_LOG_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\]]+\] ")
+# What absl writes once before such lines: a note about logging, not a message of the compiler's.
+_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 # The level XLA logs at in this process, when shardscope set it before JAX was imported.
 _level_at_import: int | None = None
@@ -52,6 +56,11 @@ def prepare_compiler_log(default_shown: int = 2) -> None:
     level = min(_as_level(os.environ.get(LEVEL_ENV), WARNING), WARNING)
     os.environ[LEVEL_ENV] = str(level)
     _level_at_import = level
+    if importlib.util.find_spec("jax_cuda12_plugin") is not None:
+        # JAX's CUDA plugin (the GPU extra), loaded with JAX, logs at any level that it found no CUDA driver
+        # (none is needed to compile): import JAX here, so that the line is shown only at the level asked for.
+        with capture_compiler_log():
+            import jax  # noqa: F401
 
 
 def warnings_visible() -> bool:
@@ -82,6 +91,8 @@ def echo_filter(text: str, level: int) -> str:
     kept: list[str] = []
     keep = True
     for line in text.splitlines(keepends=True):
+        if line.startswith(_ABSL_PREAMBLE):
+            continue
         match = _LOG_LINE.match(line)
         if match:
             keep = _SEVERITY[match.group(1)] >= level

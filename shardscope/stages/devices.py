@@ -1,5 +1,5 @@
 """Devices to compile for, before and after JAX starts: the fake CPU pool, a quiet libtpu, TPU slices described
-by libtpu (no TPU needed), and meshes built on them.
+by libtpu and GPU clusters described by JAX's CUDA plugin (no TPU or GPU needed), and meshes built on them.
 
 Fake CPU devices must exist before the JAX backend starts, so the CLI sizes one pool up front and every
 mesh of a run is built on a prefix of it (device id = position in the pool).
@@ -7,14 +7,17 @@ mesh of a run is built on a prefix of it (device id = position in the pool).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardscope.case.gpu import GPU_EXTRA_HINT, GpuCluster, gpu_plugin_version
 from shardscope.case.topology import DCN_AXIS, Topology, check_spans_slices, format_mesh
 from shardscope.case.tpu import TPU_EXTRA_HINT, TpuSlice, libtpu_version
 from shardscope.errors import MeshError, ShardscopeError
+from shardscope.stages.compiler_log import capture_compiler_log
 
 if TYPE_CHECKING:
     import jax
@@ -61,9 +64,40 @@ def tpu_devices(tpu: TpuSlice, slices: int = 1) -> Any:
     )
 
 
+def gpu_devices(gpu: GpuCluster) -> Any:
+    """The CUDA plugin's description of a GPU cluster (`.devices`: every GPU, host by host), for compiling
+    ahead of time under the CPU platform: no GPU, driver or CUDA runtime is needed, only the plugin and
+    `ptxas` (the GPU extra brings both; the plugin finds `ptxas` in the installed `nvidia-cuda-nvcc-cu12`).
+
+    Raises:
+      ShardscopeError: the GPU extra is not installed.
+    """
+    if gpu_plugin_version() is None:
+        raise ShardscopeError(f"topology {gpu.name!r} needs JAX's CUDA plugin to compile for GPUs: {GPU_EXTRA_HINT}")
+    return _gpu_topology(gpu)
+
+
+@functools.cache
+def _gpu_topology(gpu: GpuCluster) -> Any:
+    # One description per cluster and process: a mesh's devices must be the very objects the compile sees.
+    from jax.experimental import topologies  # lazy: JAX loads only where a case is planned
+
+    # The plugin logs that it found no CUDA driver (none is needed): shown only at the level the user asked.
+    with capture_compiler_log():
+        return topologies.get_topology_desc(platform="cuda", target_config=gpu.target_config(), topology=gpu.topology)
+
+
 def configure_devices(topology: Topology) -> None:
     """Prepares JAX for a topology before its backend starts (a CPU pool, or a quiet libtpu)."""
-    if topology.tpu is not None:
+    if topology.gpu is not None:
+        configure_cpu_devices(1)
+        import jax  # lazy: JAX starts only once the pool is sized
+
+        # Starting the backend loads JAX's CUDA plugin, which logs that it found no CUDA driver (none is
+        # needed): shown only at the level the user asked for.
+        with capture_compiler_log():
+            jax.devices()
+    elif topology.tpu is not None:
         quiet_libtpu()
         configure_cpu_devices(1)
     else:
@@ -95,6 +129,10 @@ def build_mesh(
 
     axis_type = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
     names = tuple(axis for axis, _ in mesh)
+    if topology.gpu is not None:
+        check_spans_slices(dict(mesh), topology.slices, dcn_axis)
+        grid = gpu_grid(topology.gpu, mesh, gpu_devices(topology.gpu).devices, dcn_axis)
+        return jax.sharding.Mesh(grid, names, axis_types=(axis_type,) * len(mesh))
     if topology.tpu is not None:
         from jax.experimental import mesh_utils  # lazy: JAX loads only where a case is planned
 
@@ -126,3 +164,31 @@ def _multi_slice_grid(topology: Topology, mesh: Sequence[tuple[str, int]], devic
     within = [size // topology.slices if axis == dcn_axis else size for axis, size in mesh]
     across = [topology.slices if axis == dcn_axis else 1 for axis, _ in mesh]
     return mesh_utils.create_hybrid_device_mesh(within, across, devices=devices, allow_split_physical_axes=True)
+
+
+def gpu_grid(gpu: GpuCluster, mesh: Sequence[tuple[str, int]], devices: Sequence[Any], dcn_axis: str) -> Any:
+    """A GPU cluster's devices laid out for a mesh: NVLink domain first, then across domains.
+
+    As `mesh_utils.create_hybrid_device_mesh` lays a multi-host GPU mesh (and MaxText its `ici_*` and `dcn_*`
+    parallelism): every axis but `dcn_axis` stays inside one NVLink domain, whose GPUs fill them in order
+    (NVSwitch joins every pair of a domain's GPUs alike, so their order there is free); `dcn_axis` takes the
+    domains as its outer (slowest) part.
+    """
+    import numpy as np
+
+    domains = gpu.domains
+    ordered = sorted(devices, key=lambda d: d.id)
+    within = [size // domains if axis == dcn_axis else size for axis, size in mesh]
+    across = [domains if axis == dcn_axis else 1 for axis, _ in mesh]
+    # [domain coordinates..., in-domain coordinates...] → interleaved per axis → the mesh's shape.
+    blocks = np.array(ordered, dtype=object).reshape(across + within)
+    rank = len(mesh)
+    order = [i for axis in range(rank) for i in (axis, rank + axis)]
+    return blocks.transpose(order).reshape([size for _, size in mesh])
+
+
+def domain_grid(gpu: GpuCluster, device_ids: Any) -> Any:
+    """Each mesh position's NVLink domain (the devices' ids are positions in the cluster, host by host)."""
+    import numpy as np
+
+    return np.asarray(device_ids) // gpu.domain_gpus

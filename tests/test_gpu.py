@@ -1,0 +1,219 @@
+"""GPU clusters without a GPU: cluster names, the mesh laid NVLink domain first, and deviceless compiles for
+H100 hosts (skipped, saying so, where the GPU extra is not installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from shardscope.case.gpu import GpuCluster, known_gpu_names, load_gpu_hardware, parse_gpu_cluster, with_gpu_domains
+from shardscope.case.hardware import HardwareError
+from shardscope.case.topology import get_topology, with_slices
+from shardscope.cli import app
+from shardscope.errors import ShardscopeError
+from shardscope.extract.links import NETWORK, NVLINK, link_of
+from shardscope.stages.devices import gpu_grid
+
+runner = CliRunner()
+HAS_PLUGIN = importlib.util.find_spec("jax_cuda12_plugin") is not None
+needs_plugin = pytest.mark.skipif(not HAS_PLUGIN, reason="the GPU extra is not installed: pip install '.[gpu]'")
+
+
+@pytest.mark.parametrize(
+    ("name", "hosts", "per_host", "domains", "domain_gpus", "compiler"),
+    [
+        ("h100-1x8", 1, 8, 1, 8, "1x1x8"),
+        ("h100-2x8", 2, 8, 2, 8, "1x2x8"),
+        ("h200-32x8", 32, 8, 32, 8, "1x32x8"),
+        ("b200-4x8", 4, 8, 4, 8, "1x4x8"),
+        ("h100-1x4", 1, 4, 1, 4, "1x1x4"),
+        ("gb200-18x4", 18, 4, 1, 72, "1x18x4"),
+        ("gb200-36x4", 36, 4, 2, 72, "1x36x4"),
+        ("gb200-4x4", 4, 4, 1, 16, "1x4x4"),
+    ],
+)
+def test_gpu_cluster_names(name, hosts, per_host, domains, domain_gpus, compiler):
+    cluster = parse_gpu_cluster(name)
+    assert (cluster.hosts, cluster.gpus_per_host, cluster.domains, cluster.domain_gpus) == (
+        hosts,
+        per_host,
+        domains,
+        domain_gpus,
+    )
+    assert cluster.num_devices == hosts * per_host
+    assert cluster.topology == compiler
+    assert "gpu_device_info" in cluster.target_config()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("h100-2x16", "a h100 host has 1, 2, 4, 8 GPUs, found 16"),
+        ("h100-0x8", "the number of hosts must be 1..4096"),
+        ("gb200-20x4", "give up to 18 hosts or whole domains (e.g. gb200-36x4)"),
+        ("gb200-18x8", "a gb200 host has 4 GPUs, found 8"),
+    ],
+)
+def test_wrong_gpu_cluster_is_one_line(name, message):
+    with pytest.raises(ShardscopeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_gpu_cluster(name)
+
+
+def test_unknown_topology_suggests_a_gpu_cluster():
+    with pytest.raises(ShardscopeError, match="did you mean 'h100-2x8'"):
+        get_topology("h10-2x8")
+    assert {"h100-2x8", "h200-2x8", "b200-2x8", "gb200-18x4"} <= set(known_gpu_names())
+
+
+def test_slices_are_nvlink_domains():
+    assert with_gpu_domains("h100-1x8", 4) == "h100-4x8"
+    assert with_slices("gb200-18x4", 2) == "gb200-36x4"
+    with pytest.raises(ShardscopeError, match="applies to one NVLink domain"):
+        with_gpu_domains("h100-2x8", 2)
+
+
+def test_cli_wrong_gpu_topology_exits_2():
+    result = runner.invoke(app, ["dump", "llama-tiny", "--topology", "h100-2x16"])
+    assert result.exit_code == 2
+    assert "a h100 host has 1, 2, 4, 8 GPUs, found 16" in result.output
+    assert "Traceback" not in result.output
+
+
+class _Device:
+    def __init__(self, id_: int):
+        self.id = id_
+
+
+def test_mesh_is_laid_nvlink_domain_first():
+    cluster = GpuCluster("h100-2x8", "h100", hosts=2, gpus_per_host=8, hosts_per_domain=1)
+    devices = [_Device(i) for i in reversed(range(16))]
+    grid = gpu_grid(cluster, (("data", 2), ("fsdp", 4), ("expert", 2)), devices, "data")
+    ids = np.vectorize(lambda d: d.id)(grid)
+    # data takes the hosts; fsdp and expert stay inside one host, in device order.
+    assert ids[0].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert ids[1].tolist() == [[8, 9], [10, 11], [12, 13], [14, 15]]
+    domains = ids // cluster.domain_gpus
+    names = ["data", "fsdp", "expert"]
+    assert link_of(("fsdp", "expert"), names, domains) == NVLINK
+    assert link_of(("expert",), names, domains) == NVLINK
+    assert link_of(("data",), names, domains) == NETWORK
+    assert link_of(("data", "fsdp"), names, domains) == NETWORK
+
+
+def test_dcn_axis_spreads_over_domains_as_its_outer_part():
+    cluster = GpuCluster("h100-2x8", "h100", hosts=2, gpus_per_host=8, hosts_per_domain=1)
+    grid = gpu_grid(cluster, (("data", 1), ("fsdp", 4), ("expert", 4)), [_Device(i) for i in range(16)], "fsdp")
+    ids = np.vectorize(lambda d: d.id)(grid)[0]
+    assert ids[:, 0].tolist() == [0, 4, 8, 12]  # fsdp: 2 per host × 2 hosts, hosts outermost
+    assert (ids[:2] < 8).all() and (ids[2:] >= 8).all()
+
+
+def test_gpu_hardware_figures():
+    h100, h200, b200 = (load_gpu_hardware(name) for name in ("h100", "h200-2x8", "b200"))
+    assert (h100.hbm_bytes, h200.hbm_bytes, b200.hbm_bytes) == (80e9, 141e9, 180e9)
+    assert h100.nvlink_bandwidth == 450e9 and h100.network_bandwidth == 50e9
+    assert b200.peak_bf16_flops > h200.peak_bf16_flops == h100.peak_bf16_flops
+    with pytest.raises(HardwareError, match="did you mean 'h100'"):
+        load_gpu_hardware("h10")
+
+
+def _dump(topology: str, out: Path, *extra: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env.pop("SHARDSCOPE_CACHE_DIR", None)
+    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", topology, "-o", str(out)]
+    result = subprocess.run([*command, *extra, "--no-cache"], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cudart_stub" not in result.stderr  # the plugin's note about a missing driver stays hidden
+
+
+@pytest.fixture(scope="module")
+def h100_plans(tmp_path_factory) -> dict[str, Path]:
+    if not HAS_PLUGIN:
+        pytest.skip("the GPU extra is not installed: pip install '.[gpu]'")
+    folder = tmp_path_factory.mktemp("gpu")
+    plans = {
+        "h100-1x8": folder / "one.json",
+        "h100-2x8": folder / "two.json",
+        "h100-2x8 again": folder / "two-again.json",
+    }
+    _dump("h100-1x8", plans["h100-1x8"])
+    for key in ("h100-2x8", "h100-2x8 again"):
+        _dump("h100-2x8", plans[key], "--mesh", "data=2", "--set", "model.global_batch=16")
+    return plans
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_one_host_plan_is_the_gpu_compilers(h100_plans):
+    from shardscope.plan.json import load_plan
+
+    plan = load_plan(h100_plans["h100-1x8"])
+    assert dict(plan.provenance)["backend"] == "gpu"
+    assert plan.collectives and all(row.axes is not None for row in plan.collectives)
+    assert {row.link for row in plan.collectives} == {NVLINK}  # one host: everything on NVLink
+    assert {"all-gather", "reduce-scatter"} <= {row.op for row in plan.collectives}
+    assert dict(plan.compute)["flops"] > 0
+    assert dict(plan.memory)["temp_bytes"] > 0
+    estimate = plan.estimate
+    assert estimate is not None and estimate.hardware == "h100"
+    assert "GPU compile priced as h100" in estimate.route and "uncalibrated" in estimate.route
+    assert estimate.memory.capacity == 80_000_000_000 and estimate.memory.fits
+    assert estimate.communication > 0 and estimate.unpriced_rows == 0
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_two_hosts_cross_the_network_on_data_only(h100_plans):
+    from shardscope.plan.json import load_plan
+
+    plan = load_plan(h100_plans["h100-2x8"])
+    links = {(row.axes, row.link) for row in plan.collectives}
+    assert (("data",), NETWORK) in links
+    assert all(link == NVLINK for axes, link in links if axes is not None and "data" not in axes)
+    assert all(link == NETWORK for axes, link in links if axes is not None and "data" in axes)
+    assert any("(network)" in label for label, _ in plan.estimate.by_axes)
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_gpu_plan_is_deterministic(h100_plans):
+    assert h100_plans["h100-2x8"].read_bytes() == h100_plans["h100-2x8 again"].read_bytes()
+
+
+def _page_commands() -> list[str]:
+    page = Path(__file__).parents[1] / "docs" / "how-to" / "gpu-clusters.md"
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    return [
+        line.split("  #", 1)[0].strip() for b in blocks for line in b.splitlines() if line.startswith("shardscope ")
+    ]
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_gpu_page_commands_run(tmp_path):
+    """The how-to page's commands, in order (the later ones read what the earlier wrote)."""
+    commands = _page_commands()
+    assert len(commands) == 3
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    for command in commands:
+        args = shlex.split(command)
+        result = subprocess.run(
+            [sys.executable, "-m", "shardscope.cli", *args[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+        assert "Traceback" not in result.stderr
+    assert (tmp_path / "h100-2x8.json").exists()
