@@ -22,8 +22,14 @@ SPLASH_BLOCKS = ("kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq"
 SPLASH_BLOCK_DEFAULT = 512
 # How the experts' matmuls run (DecoderConfig.expert_matmul).
 EXPERT_MATMULS = ("dense", "grouped")
-# The named scope around the experts' matmuls when they run grouped (shardscope.hlo.profile.GROUPED_SCOPE).
-GROUPED_SCOPE = "grouped_matmul"
+# The named scopes that mark a stand-in for a TPU kernel in the compiled program: shardscope's kernel-marker
+# protocol (`shardscope.kernels`, docs/concepts/pricing.md), spelled here by name as any program may, so that
+# the models need nothing of shardscope. Around the experts' matmuls when they run grouped:
+GROUPED_SCOPE = "shardscope.kernel.grouped_matmul"
+# around an attention kernel's stand-in (reference_models/flash_stand_in.py):
+ATTENTION_KERNEL_SCOPE = "shardscope.kernel.attention"
+# and, inside it, around the matmuls a load-balanced kernel visits half of (flash_stand_in.py):
+HALF_VISITED_SCOPE = "shardscope.kernel.half_visited"
 # Where MaxText's `custom` remat policy puts a named value: recomputed, kept on the device, or offloaded.
 REMAT_LOCATIONS = ("remat", "device", "offload")
 # MaxText's remat policies by name (`remat.py` builds them), and shardscope's "none" (no remat).
@@ -103,7 +109,7 @@ class DecoderConfig:
     capacity_factor: float | None = None  # None = dropless (capacity = local tokens)
     # MaxText's expert matmuls: "dense" (sparse_matmul=false: einsums over capacity slots) or "grouped"
     # (sparse_matmul: one grouped-matmul kernel over the tokens sorted by expert, megablox on TPU). The
-    # program computes the same slots either way; "grouped" names them `GROUPED_SCOPE` so that the cost
+    # program computes the same slots either way; "grouped" marks them `GROUPED_SCOPE` so that the cost
     # model prices them as the kernel runs.
     expert_matmul: str = "dense"
     # MaxText's `shard_exp_on_fsdp`: the expert weights keep their expert dimension on the FSDP axes

@@ -13,10 +13,11 @@ device keeps its own queries and gathers the keys and values inside a shard_map.
 own keys causally and to the other shards' keys wholly or not at all (those before it, wholly). Which shards
 come before depends on the device, so that part is a matmul against every other shard's keys under a mask;
 MaxText's load-balanced token order makes each device visit half of it on average, and the cost model counts
-those matmuls (named `OFF_DIAGONAL_SCOPE`) at half their FLOPs.
+those matmuls (marked `OFF_DIAGONAL_SCOPE`, shardscope's half-visited kernel marker) at half their FLOPs.
 
-Every op of the stand-in is named `FLASH_SCOPE`, so the cost model prices them as the kernel runs (scores
-kept on chip), not as the stand-in's fusions.
+Every op of the stand-in is marked `FLASH_SCOPE` (shardscope's attention-kernel marker, see
+`reference_models.config`), so the cost model prices them as the kernel runs (scores kept on chip), not as
+the stand-in's fusions.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from reference_models.config import DecoderConfig
+from reference_models.config import ATTENTION_KERNEL_SCOPE, HALF_VISITED_SCOPE, DecoderConfig
 from reference_models.sharding import (
     ShardingContext,
     ambient_mesh,
@@ -41,8 +42,8 @@ from reference_models.sharding import (
     named_on,
 )
 
-FLASH_SCOPE = "flash_attention"  # shardscope.hlo.profile.KERNEL_SCOPE names the same
-OFF_DIAGONAL_SCOPE = "off_diagonal_shards"  # shardscope.hlo.profile.HALF_VISITED_SCOPE names the same
+FLASH_SCOPE = ATTENTION_KERNEL_SCOPE
+OFF_DIAGONAL_SCOPE = HALF_VISITED_SCOPE
 
 
 def attention_split(context: ShardingContext, logical: tuple[str, ...]) -> tuple[Any, Any, Any, int] | None:

@@ -63,11 +63,17 @@ def test_no_seq_by_seq_tensor_is_kept_for_the_backward_pass():
     assert dot - flash >= 0.9 * kept_scores, (dot, flash, kept_scores)
 
 
-def test_the_stand_ins_scopes_are_the_ones_the_cost_model_reads():
+def test_the_stand_ins_scopes_are_the_kernel_markers_the_cost_model_reads():
+    # The reference models spell shardscope's kernel-marker protocol by name (they import nothing of it).
+    import shardscope.kernels
+    from reference_models.config import GROUPED_SCOPE
     from reference_models.flash_stand_in import FLASH_SCOPE, OFF_DIAGONAL_SCOPE
-    from shardscope.hlo.profile import HALF_VISITED_SCOPE, KERNEL_SCOPE
 
-    assert (FLASH_SCOPE, OFF_DIAGONAL_SCOPE) == (KERNEL_SCOPE, HALF_VISITED_SCOPE)
+    assert (FLASH_SCOPE, OFF_DIAGONAL_SCOPE, GROUPED_SCOPE) == (
+        shardscope.kernels.ATTENTION,
+        shardscope.kernels.HALF_VISITED,
+        shardscope.kernels.GROUPED_MATMUL,
+    )
 
 
 @pytest.mark.parametrize(("axis_type", "block", "fused"), [("Auto", 8, False), ("Explicit", 16, True)])

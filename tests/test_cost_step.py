@@ -55,9 +55,11 @@ def test_a_scanned_loop_counts_its_body_once_per_trip_and_the_profile_sums_to_th
     assert sum(entry.flops for entry in bins) == step_work(read_module(text)).matmul_flops
 
 
-def test_ops_in_the_flash_attention_scope_are_the_kernels_flops_without_bytes():
+def test_ops_in_the_attention_kernel_marker_are_the_kernels_flops_without_bytes():
+    import shardscope.kernels
+
     def attention(q, k):
-        with jax.named_scope("flash_attention"):
+        with shardscope.kernels.attention_kernel():
             return jax.nn.softmax(q @ k.T).sum()
 
     bins = profile_of(attention, jnp.ones((128, 64)), jnp.ones((128, 64)))
@@ -67,9 +69,11 @@ def test_ops_in_the_flash_attention_scope_are_the_kernels_flops_without_bytes():
     assert not [entry for entry in bins if entry.kind == "matmul"]
 
 
-def test_matmuls_in_the_grouped_scope_are_the_grouped_kernels_with_their_flops_and_bytes():
+def test_matmuls_in_the_grouped_marker_are_the_grouped_kernels_with_their_flops_and_bytes():
+    import shardscope.kernels
+
     def experts(tokens, w, v):
-        with jax.named_scope("grouped_matmul"):
+        with shardscope.kernels.grouped_matmul_kernel():
             hidden = jnp.einsum("xce,xem->xcm", tokens, w)
         return (hidden @ v).sum()  # outside the scope: an ordinary matmul
 
@@ -272,7 +276,7 @@ ENTRY main {
   q = f32[128,64]{1,0} parameter(0)
   k = f32[128,64]{1,0} parameter(1)
   scores = f32[128,128]{1,0} dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={1},
-    metadata={op_name="jit(step)/attention/flash_attention/dot_general"}
+    metadata={op_name="jit(step)/attention/shardscope.kernel.attention/dot_general"}
   moved = f32[128,128]{0,1} copy(scores)
   other = f32[128,64]{1,0} add(q, k), metadata={op_name="jit(step)/add"}
   ROOT out = (f32[128,128]{0,1}, f32[128,64]{1,0}) tuple(moved, other)
@@ -300,10 +304,10 @@ ENTRY main {
   projected = f32[256,64]{1,0} dot(normed, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   narrowed = bf16[256,64]{1,0} convert(projected)
   heads = bf16[4,64,64]{2,1,0} reshape(narrowed),
-    metadata={op_name="jit(step)/jvp(layer)/attention/flash_attention/reshape"}
+    metadata={op_name="jit(step)/jvp(layer)/attention/shardscope.kernel.attention/reshape"}
   ROOT scores = bf16[4,64,64]{2,1,0} dot(heads, heads), lhs_batch_dims={0}, rhs_batch_dims={0},
     lhs_contracting_dims={2}, rhs_contracting_dims={2},
-    metadata={op_name="jit(step)/jvp(layer)/attention/flash_attention/dot_general"}
+    metadata={op_name="jit(step)/jvp(layer)/attention/shardscope.kernel.attention/dot_general"}
 }
 """
 
@@ -330,15 +334,15 @@ ENTRY main {
   d = f32[64,64]{1,0} parameter(5)
   scores = f32[64,128]{1,0} dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={1}
   masked = f32[64,128]{1,0} select(mask, scores, low),
-    metadata={op_name="jit(step)/jvp(attention)/flash_attention/shard_map/off_diagonal_shards/select_n"}
+    metadata={op_name="jit(step)/jvp(attention)/shardscope.kernel.attention/shard_map/shardscope.kernel.half_visited/select_n"}
   probs = f32[64,128]{1,0} exponential(masked),
-    metadata={op_name="jit(step)/jvp(attention)/flash_attention/shard_map/off_diagonal_shards/exp"}
+    metadata={op_name="jit(step)/jvp(attention)/shardscope.kernel.attention/shard_map/shardscope.kernel.half_visited/exp"}
   moved = f32[64,128]{0,1} copy(probs)
   out = f32[64,32]{1,0} dot(moved, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   diag = f32[64,64]{1,0} dot(q, q), lhs_contracting_dims={1}, rhs_contracting_dims={1}
   diag_out = f32[64,32]{1,0} dot(diag, q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   both = f32[64,32]{1,0} add(out, diag_out),
-    metadata={op_name="jit(step)/jvp(attention)/flash_attention/shard_map/add"}
+    metadata={op_name="jit(step)/jvp(attention)/shardscope.kernel.attention/shard_map/add"}
   ROOT result = (f32[64,32]{1,0}, f32[64,64]{1,0}) tuple(both, d)
 }
 """
@@ -530,8 +534,9 @@ ENTRY main {
   zero = f32[] constant(0)
   zeros = f32[128,128]{1,0} broadcast(zero), dimensions={}, metadata={op_name="jit(step)/while/body/closed_call"}
   scores = f32[128,128]{1,0} dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={1},
-    metadata={op_name="jit(step)/attention/flash_attention/dot_general"}
-  ROOT masked = f32[128,128]{1,0} maximum(scores, zeros), metadata={op_name="jit(step)/attention/flash_attention/max"}
+    metadata={op_name="jit(step)/attention/shardscope.kernel.attention/dot_general"}
+  ROOT masked = f32[128,128]{1,0} maximum(scores, zeros),
+    metadata={op_name="jit(step)/attention/shardscope.kernel.attention/max"}
 }
 """
 

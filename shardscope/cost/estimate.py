@@ -23,7 +23,7 @@ from shardscope.hlo.profile import WorkBin
 from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import PER_OP, Estimate, PricedRow, RowTime
-from shardscope.plan.records import CollectiveRow, axes_label, is_routed_expert
+from shardscope.plan.records import CollectiveRow, axes_label, expert_hidden_width, is_routed_expert, model_width
 
 BUILT_IN_SOURCES = "Google Cloud TPU documentation; How to Scale Your Model, Parts 2-3"
 
@@ -58,10 +58,11 @@ def price_row(
 
 
 def expert_width(plan: Plan) -> int:
-    """The hidden width of the plan's routed experts (the last dimension of their `wi_0`); 0 without experts."""
+    """The hidden width of the plan's routed experts (`plan.records.expert_hidden_width`); 0 without experts."""
+    width = model_width(plan.tensors)
     for path, record in plan.tensors:
-        if is_routed_expert(path, record) and path.endswith("/wi_0"):
-            return record.shape[-1]
+        if is_routed_expert(path, record):
+            return expert_hidden_width(record, width)
     return 0
 
 

@@ -35,24 +35,32 @@ def _kind_bytes(plan: Plan) -> dict[str, int]:
 def layer_trips(plan: Plan) -> dict[str, int]:
     """Module path → layers of the scanned block it names (`decoder/moe_layers` → 58, say).
 
-    A scanned block stacks its parameters along a dimension whose logical name is the block's own path
-    component and a layers axis (MaxText: `layers`, `dense_layers`, `moe_layers`); its size is the
-    scan's trip count.
+    A scanned block stacks its parameters along a dimension whose logical name is a layers axis (MaxText:
+    `layers`, `dense_layers`, `moe_layers`); its size is the scan's trip count. The block is where the
+    parameters of one such axis sit: the longest path prefix they share (read from the paths' structure,
+    not from any module's name).
     """
-    trips: dict[str, int] = {}
+    stacks: dict[str, list[tuple[list[str], int]]] = defaultdict(list)
     for path, tensor in plan.tensors:
         if tensor.kind != "param" or not tensor.logical:
             continue
-        parts = path.split("/")[1:]
         # A pipelined stack (MaxText's layout: [circular_repeats, layers (stages), …]) stacks its layers over
         # both leading dimensions.
-        stacked = math.prod(
-            size for size, axis in zip(tensor.shape, tensor.logical, strict=False) if is_stack_name(axis)
-        )
-        for name in tensor.logical:
-            if is_stack_name(name) and name in parts:
-                prefix = "/".join(parts[: parts.index(name) + 1])
-                trips[prefix] = max(trips.get(prefix, 1), stacked)
+        names = [axis for axis in tensor.logical if axis is not None and is_stack_name(axis)]
+        if names:
+            stacked = math.prod(size for size, axis in zip(tensor.shape, tensor.logical, strict=False) if axis in names)
+            stacks[names[-1]].append((path.split("/")[1:-1], stacked))
+    trips: dict[str, int] = {}
+    for members in stacks.values():
+        prefix = members[0][0]
+        for parts, _ in members[1:]:
+            n = 0
+            while n < min(len(prefix), len(parts)) and prefix[n] == parts[n]:
+                n += 1
+            prefix = prefix[:n]
+        if prefix:
+            block = "/".join(prefix)
+            trips[block] = max(trips.get(block, 1), *(stacked for _, stacked in members))
     return trips
 
 
@@ -61,6 +69,18 @@ def _block_of(path: str, trips: dict[str, int]) -> str | None:
     module = path.split("/", 1)[1].split("#", 1)[0]
     prefixes = [p for p in trips if module == p or module.startswith(p + "/")]
     return max(prefixes, key=len) if prefixes else None
+
+
+def _layer_input(plan: Plan, block: str) -> int:
+    """Bytes of a scanned block's layer input, as full remat keeps it: the residual stream entering the layer,
+    an activation of the block itself (not of a module inside it) of the block's [batch, length, model width]
+    (the largest such where they differ)."""
+    found = 0
+    for path, tensor in plan.tensors:
+        module = path.split("/", 1)[1].split("#", 1)[0].rsplit("/", 1)[0] if "/" in path else ""
+        if tensor.kind == "activation" and module == block and len(tensor.shape) == 3:
+            found = max(found, tensor.bytes_per_device)
+    return found
 
 
 def remat_policy(plan: Plan) -> str:
@@ -85,14 +105,11 @@ def activation_bytes(plan: Plan) -> int:
     """
     trips = layer_trips(plan)
     per_block: dict[str | None, int] = defaultdict(int)
-    kept_inputs = 0
     for path, tensor in plan.tensors:
         if tensor.kind != "activation":
             continue
-        block = _block_of(path, trips)
-        per_block[block] += tensor.bytes_per_device
-        if block is not None and path.split("/", 1)[1] == f"{block}/inputs":
-            kept_inputs += tensor.bytes_per_device * trips[block]
+        per_block[_block_of(path, trips)] += tensor.bytes_per_device
+    kept_inputs = sum(_layer_input(plan, block) * trips[block] for block in per_block if block is not None)
     outside = per_block.pop(None, 0)
     if _layer_input_offloaded(plan):
         kept_inputs = 0

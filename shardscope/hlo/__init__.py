@@ -13,6 +13,7 @@ The reader follows the HLO grammar, not line patterns:
   callgraph    call-site counts and loop trips, walked with an explicit stack
   groups       replica groups in every spelling → the user's mesh axes
   metadata     op_name → pass (forward / backward / optimizer) and Flax module path
+  markers      the named scopes a program marks its TPU kernels' stand-ins with (the only names priced)
   shapes       HLO shapes → dtype, dims, bytes
   notices      what a partial or malformed text left out, one line each
   collectives  aggregation into rows

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from shardscope.hlo.markers import is_marker
+
 _IDENT_RE = re.compile(r"^[A-Za-z_][\w\-]*$")
 _METHOD_RE = re.compile(r"^[A-Za-z_][\w\-]*\.[A-Za-z_]\w*$")  # Flax's scope for a method call, "moe._routed"
 # Scopes that jax/flax transforms add to the name stack; they are not module names.
@@ -86,15 +88,17 @@ def module_path(op_name: str) -> str:
 
     jax names an op `<name stack>/<primitive>`; Flax pushes each module's name on the stack. So the last
     segment (the primitive) is dropped; transform wrappers (`jit(f)`, `jvp(Model)`, `transpose(...)`),
-    transform scopes (while, body, closed_call, shard_map, checkpoint, ...) and method scopes
-    (`moe._routed`) are skipped; and the path ends at the first segment that is no identifier (e.g. an
+    transform scopes (while, body, closed_call, shard_map, checkpoint, ...), method scopes
+    (`moe._routed`) and kernel markers (`shardscope.hlo.markers`: they name no module) are skipped; and
+    the path ends at the first segment that is no identifier (e.g. an
     einsum spec `td,de->te` inside the module). Names XLA merged from several ops give their common prefix.
     """
     paths = []
     for name in _alternatives(op_name):
         path: list[str] = []
         for segment in split_outside_brackets(name, "/")[:-1]:
-            if "(" in segment or "[" in segment or segment in _TRANSFORM_SCOPES or _METHOD_RE.match(segment):
+            skipped = segment in _TRANSFORM_SCOPES or _METHOD_RE.match(segment) or is_marker(segment)
+            if "(" in segment or "[" in segment or skipped:
                 continue
             if not _IDENT_RE.match(segment):
                 break

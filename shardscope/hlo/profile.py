@@ -17,11 +17,12 @@ Kinds:
   (the rows it reads and writes), where it changes an elementwise op's many times over: a CPU compile's
   are priced as a TPU's with a factor of their own (`shardscope.cost.step`).
 - `grouped`: an op whose matrix work is the experts' of a dropless MoE run as a grouped-matmul kernel (its
-  dot inside `GROUPED_SCOPE`, or a TPU program's own Pallas kernel, MaxText's megablox `gmm`/`tgmm`, its FLOPs
-  counted from its shapes: `grouped_kernel_flops`): FLOPs and bytes as a matmul's, priced at the kernel's
-  efficiency.
-- `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
-  ops without a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
+  dot in the program's grouped-matmul marker, `shardscope.hlo.markers.GROUPED_MATMUL`, or a TPU program's
+  own Pallas kernel, MaxText's megablox `gmm`/`tgmm`, its FLOPs counted from its shapes:
+  `grouped_kernel_flops`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
+- `kernel`: an op in the program's attention-kernel marker (`shardscope.hlo.markers.ATTENTION`: a stand-in
+  for a TPU kernel that a CPU compile cannot contain), or one the compiler added next to such ops without
+  a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
   each block's scores on chip where the stand-in writes them to HBM. A TPU program's own attention kernel
   (MaxText's splash kernels: a Pallas `tpu_custom_call` named `splash_…_fwd`, `_dq`, `_dkv`) is one too,
   its FLOPs counted from its shapes (`attention_kernel_flops`).
@@ -35,6 +36,8 @@ Kinds:
 A scatter that XLA's CPU compiler expanded into a loop over its updates counts as the one scatter a TPU
 runs (`_scatter_loops`).
 Collectives are not here: the plan's collective rows price them.
+No rule reads a module, parameter or scope name of the program: only its ops, shapes, dtypes, loops,
+custom-call targets and the kernel markers it declares (`shardscope.hlo.markers`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from shardscope.hlo.fusion import conversions_into_matmuls, fused_opcodes, produ
 from shardscope.hlo.grouped_kernels import grouped_kernel_flops
 from shardscope.hlo.kinds import KINDS, WorkKind
 from shardscope.hlo.loops import expanded_scatters, loop_regions
+from shardscope.hlo.markers import ATTENTION, GROUPED_MATMUL, HALF_VISITED, marked
 from shardscope.hlo.metadata import op_name_in, pass_of
 from shardscope.hlo.narrowing import Narrowing
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
@@ -69,22 +73,12 @@ from shardscope.hlo.work import (
 )
 
 __all__ = [
-    "GROUPED_SCOPE",
-    "HALF_VISITED_SCOPE",
-    "KERNEL_SCOPE",
     "KINDS",
     "WorkBin",
     "WorkKind",
     "work_profile",
 ]
 
-KERNEL_SCOPE = "flash_attention"  # the reference models' named scope around the attention kernel stand-in
-GROUPED_SCOPE = "grouped_matmul"  # ... and around the experts' matmuls when they run grouped
-# ... and around the stand-in's matmuls of a sequence shard's queries against the other shards' keys: each
-# shard sees those before it wholly and the rest not at all, which the stand-in writes as a masked matmul
-# against all of them (its shape cannot depend on the device); with MaxText's load-balanced token order every
-# shard visits half of them.
-HALF_VISITED_SCOPE = "off_diagonal_shards"
 BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
@@ -242,10 +236,12 @@ def _op_names(graph: _Graph) -> dict[str, str]:
 
 
 def _half_visited(program: Program, instruction: Instruction, op_name: str, graph: _Graph) -> bool:
-    """Whether an op is the attention stand-in's against the other sequence shards' keys: in
-    `HALF_VISITED_SCOPE` by its op_name (its own or, see `_op_names`, its nearest named reader's), that of a
-    dot it fuses, or, for an op without a name of its own, that of the nearest named op it reads (a matmul of
-    the scope's probabilities whose result leaves the scope). The load-balanced kernel visits half of those
+    """Whether an op is the attention stand-in's against the other sequence shards' keys: in the
+    half-visited marker (`HALF_VISITED`: each shard sees the keys before it wholly and the rest not at all,
+    which a stand-in writes as a masked matmul against all of them) by its op_name (its own or, see
+    `_op_names`, its nearest named reader's), that of a dot it fuses, or, for an op without a name of its
+    own, that of the nearest named op it reads (a matmul of the marked probabilities whose result leaves
+    the marker). The load-balanced kernel visits half of those
     blocks on average over the shards, so its FLOPs count half."""
     names = [op_name]
     if not graph.own[instruction.name]:
@@ -257,12 +253,13 @@ def _half_visited(program: Program, instruction: Instruction, op_name: str, grap
         for inner in program.instructions(callee)
         if inner.opcode in _MATRIX_OPS
     ]
-    return any(HALF_VISITED_SCOPE in name for name in names)
+    return any(marked(name, HALF_VISITED) for name in names)
 
 
 def _grouped(program: Program, instruction: Instruction) -> bool:
-    """Whether the op's matrix work is the grouped experts': its own name, or a dot it fuses, in the scope."""
-    if GROUPED_SCOPE in _op_name(instruction):
+    """Whether the op's matrix work is the grouped experts': its own op_name, or a dot it fuses, in the
+    grouped-matmul marker."""
+    if marked(_op_name(instruction), GROUPED_MATMUL):
         return True
     if instruction.opcode != "fusion":
         return False
@@ -282,14 +279,14 @@ def _moves_rows(program: Program, instruction: Instruction) -> bool:
 def _kernel_ops(
     program: Program, instructions: Sequence[Instruction], graph: _Graph, names: Mapping[str, str]
 ) -> set[str]:
-    """The ops of a computation that belong to the attention kernel: those in its scope, and the ops the
+    """The ops of a computation that belong to the attention kernel: those in its marker, and the ops the
     compiler added around them without a name of their own (the CPU compiler's layout copies and
     conversions of the scores carry no metadata), found through their operands and users. An unnamed
     matmul is the kernel's only when it is batched (over heads, as attention's are) or it lies within the
     kernel (`_within_kernel`). The CPU compiler's library fusions of a vmapped layer's projections, plain
     matrix products, carry no metadata either and sit next to the kernel's copies: the query projection's
     reader is the kernel's, but what it multiplies is the layer's normalised input."""
-    kernel = {i.name for i in instructions if KERNEL_SCOPE in _op_name(i)}
+    kernel = {i.name for i in instructions if marked(_op_name(i), ATTENTION)}
     if not kernel:
         return kernel
     unnamed = {
@@ -327,7 +324,7 @@ def _within_kernel(name: str, graph: _Graph, names: Mapping[str, str]) -> bool:
     kernel's (`names`: each op's name, see `_op_names`), and the nearest named ops it reads, if any, are
     not all outside the kernel (a projection reads the layer's own ops)."""
     read = _nearest_named(name, graph.own, graph.operands)
-    return KERNEL_SCOPE in names[name] and (not read or any(KERNEL_SCOPE in op_name for op_name in read))
+    return marked(names[name], ATTENTION) and (not read or any(marked(op_name, ATTENTION) for op_name in read))
 
 
 def _unbatched_matmul(program: Program, instruction: Instruction) -> bool:

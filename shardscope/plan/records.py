@@ -135,16 +135,50 @@ class CaseRecord:
     preset_source: str = ""  # the preset file's path as given; "" for a built-in preset
 
 
-# MaxText's routed experts keep their weights as parameters named `wi_0`, `wi_1` and `wo` themselves (a dense
-# MLP's are `…/wi_0/kernel`); their first dimension after any stack dimensions is the experts' (`expert_dim`),
-# whatever its logical name (`exp`, or `embed_moe` under MaxText's `shard_exp_on_fsdp`).
-ROUTED_EXPERT_LEAVES = ("wi_0", "wi_1", "wo")
+# A routed expert weight is known by its logical axes, MaxText's vocabulary, never by its name: three
+# dimensions besides any stack dimensions, [experts, model width, hidden] or [experts, hidden, model width],
+# one of them an expert axis (`exp`) or of the experts' own (`embed_moe`, `mlp_moe`). Its first dimension
+# after the stack dimensions is the experts' (`expert_dim`), whatever its logical name (`exp`, or `embed_moe`
+# under MaxText's `shard_exp_on_fsdp`); its hidden dimension is the one named for the MLP (`mlp_moe`).
+_EXPERT_AXIS = "exp"
+_EXPERT_SUFFIX = "_moe"
+
+
+def _layer_logical(record: TensorRecord) -> list[str | None]:
+    """The record's logical names without its stack dimensions (None for each, where it has none)."""
+    return [name for name in (record.logical or (None,) * len(record.shape)) if not is_stack_name(name)]
 
 
 def is_routed_expert(path: str, record: TensorRecord) -> bool:
-    """Whether a tensor is a routed expert weight (see ROUTED_EXPERT_LEAVES); its experts are dimension
-    `expert_dim(record)`."""
-    return record.kind == "param" and path.rsplit("/", 1)[-1] in ROUTED_EXPERT_LEAVES
+    """Whether a tensor is a routed expert weight (by its logical axes, see above; `path` is not read): its
+    experts are dimension `expert_dim(record)`."""
+    del path
+    logical = _layer_logical(record)
+    return (
+        record.kind == "param"
+        and len(logical) == 3
+        and any(name is not None and (name == _EXPERT_AXIS or name.endswith(_EXPERT_SUFFIX)) for name in logical)
+    )
+
+
+def is_lookup_table(record: TensorRecord) -> bool:
+    """Whether a parameter is a lookup table [vocab, model width] (its first dimension, besides any stack
+    dimensions, is the vocabulary's: the token embedding), read by rows, not multiplied whole."""
+    logical = _layer_logical(record)
+    return record.kind == "param" and len(logical) == 2 and logical[0] == "vocab"
+
+
+def model_width(tensors: Sequence[tuple[str, TensorRecord]]) -> int | None:
+    """The model's width (its embedding dimension): the lookup table's last dimension; None without one."""
+    return next((r.shape[-1] for _, r in tensors if is_lookup_table(r)), None)
+
+
+def expert_hidden_width(record: TensorRecord, width: int | None) -> int:
+    """The hidden width of a routed expert weight [experts, model width, hidden] or [experts, hidden, model
+    width]: the dimension after the experts' that is not the model's `width` (its last where both are)."""
+    layer = [size for size, name in zip(record.shape, record.logical or (), strict=False) if not is_stack_name(name)]
+    first, last = layer[-2], layer[-1]
+    return first if last == width and first != width else last
 
 
 def is_stack_name(name: str | None) -> bool:
