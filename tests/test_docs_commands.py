@@ -55,8 +55,9 @@ def docs_commands() -> list[str]:
 
 def runs_here(command: str) -> bool:
     """MaxText's own programs (`maxtext:`, and `why` of the plan one makes) need Python 3.12 and MaxText: their
-    commands are run by tests/test_maxtext_program.py, in the test command's maxtext: lane. A command on a
-    Ray cluster (`--ray`) needs a cluster: tests/test_ray.py starts one of its own for them."""
+    commands are run by tests/test_maxtext_program.py (`verify`'s by tests/test_maxtext_verify.py), in the test
+    command's maxtext: lane. A command on a Ray cluster (`--ray`) needs a cluster: tests/test_ray.py starts one
+    of its own for them."""
     return "maxtext:" not in command and "qwen.json" not in command and "--ray" not in command
 
 
