@@ -45,9 +45,6 @@ def _init_state_fn(step: MaxTextStep) -> Callable[[], Any]:
     import jax  # lazy: MaxText is an optional extra
     from flax import nnx
     from maxtext.common import train_state_nnx
-    from maxtext.common.common_types import MODEL_MODE_TRAIN
-    from maxtext.layers import quantizations
-    from maxtext.models.models import Transformer
     from maxtext.utils import maxtext_utils, model_creation_utils
     from maxtext.utils.train_utils import create_training_optimizer
 
@@ -64,10 +61,10 @@ def _init_state_fn(step: MaxTextStep) -> Callable[[], Any]:
             return train_state_nnx.TrainStateNNX(created, nnx.Optimizer(created, tx, wrt=wrt))
 
         return create_train_state
-    # The Linen model as train_compile builds it on the step's mesh (MaxText's `from_config` would build one
-    # on every device of the process).
-    linen = Transformer(config, mesh, quant=quantizations.configure_quantization(config), model_mode=MODEL_MODE_TRAIN)
-    _, tx = create_training_optimizer(config, linen)
+    # The Linen model the step was built with (train_compile's, on the step's mesh; MaxText's `from_config`
+    # would build one on every device of the process).
+    # Its optimizer too: a Linen train state holds it as static data, which the compiled step's input must match.
+    linen, tx = _train(step).model, step.state.tx
     key = jax.random.PRNGKey(config.init_weights_seed)
     return lambda: maxtext_utils.init_initial_state(linen, tx, config, True, key)
 
@@ -83,6 +80,24 @@ def initial_state(step: MaxTextStep) -> Any:
     except Exception as err:  # MaxText's own code refusing the case (asserts, ValueErrors)
         raise MaxTextError(f"MaxText could not initialise maxtext:{step.case.model}: {config_error(err)}") from None
     return state
+
+
+def as_state_of(step: MaxTextStep, state: Any) -> Any:
+    """A train state's arrays in the tree of `step`'s own state (a Linen state holds its model's `apply` and
+    its optimizer as static data, which each side's compiled step checks against its own).
+
+    Raises:
+      MaxTextError: the two states hold different numbers of arrays.
+    """
+    import jax
+
+    leaves, own = jax.tree.leaves(state), jax.tree.leaves(step.state)
+    if len(leaves) != len(own):
+        raise MaxTextError(
+            f"the two sides of maxtext:{step.case.model} hold different train states ({len(leaves)} vs "
+            f"{len(own)} arrays); verify compares the same step under two shardings"
+        )
+    return jax.tree.unflatten(jax.tree.structure(step.state), leaves)
 
 
 def synthetic_batch(step: MaxTextStep) -> dict[str, Any]:

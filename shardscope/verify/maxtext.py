@@ -35,6 +35,7 @@ from shardscope.stages.maxtext_program import MaxTextStep, build_maxtext_step
 from shardscope.stages.maxtext_train import (
     LOSS,
     TrainProgram,
+    as_state_of,
     compile_train_program,
     initial_state,
     step_rng,
@@ -49,7 +50,8 @@ from shardscope.verify.verdict import build_report
 
 # What verify adds to the one-device side's command line besides its ici_* keys at 1.
 ONE_DEVICE_KEYS = (("internal_compile", "true"), ("internal_compile_num_devices", "1"))
-# Keys verify decides on each side: the model and topology are the case's, the device count its own.
+# Keys verify sets itself (the device count MaxText sizes its batch by); the model and topology keys are refused
+# as for any maxtext: case.
 _FIXED = ("internal_compile", "internal_compile_num_devices")
 
 
@@ -260,7 +262,9 @@ def verify_maxtext(case: MaxTextCase, against: str | None, steps: int) -> Verify
     batch = synthetic_batch(step)
     programs = compile_train_program(step), compile_train_program(other)
     # A copy each (each side's step donates the state it is given).
-    starts = [jax.device_put(start, state_shardings(side), may_alias=False) for side in (step, other)]
+    starts = [
+        jax.device_put(as_state_of(side, start), state_shardings(side), may_alias=False) for side in (step, other)
+    ]
     mine = run_side(step, programs[0], starts[0], batch, steps)
     reference = run_side(other, programs[1], starts[1], batch, steps)
     if mine.label == reference.label:
