@@ -46,11 +46,12 @@ if [ -z "${PY312:-}" ]; then
 fi
 if [ -z "${PY312:-}" ]; then
   if [ "${CI:-}" = true ]; then echo "error: the maxtext: lane needs a Python 3.12 (set PY312)" >&2; exit 1; fi
-  echo "note: no Python 3.12 found, so the maxtext: lane (tests/test_maxtext_program.py) did not run; set PY312"
+  echo "note: no Python 3.12 found, so the maxtext: lane (tests/test_maxtext_*.py) did not run; set PY312"
   exit 0
 fi
 VENV=${SHARDSCOPE_MAXTEXT_VENV:-.venv-maxtext}
 [ -x "$VENV/bin/python" ] || "$PY312" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,maxtext]"
 # `-p no:anyio`: MaxText's dependencies bring anyio, whose pytest plugin warns on this pytest (warnings fail).
-"$VENV/bin/python" -m pytest -n auto --dist loadfile -p no:benchmark -p no:anyio tests/test_maxtext_program.py
+"$VENV/bin/python" -m pytest -n auto --dist loadfile -p no:benchmark -p no:anyio tests/test_maxtext_program.py \
+  tests/test_maxtext_verify.py

@@ -55,9 +55,9 @@ def docs_commands() -> list[str]:
 
 def runs_here(command: str) -> bool:
     """MaxText's own programs (`maxtext:`, and `why` of the plan one makes) need Python 3.12 and MaxText: their
-    commands are run by tests/test_maxtext_program.py, in the test command's maxtext: lane; GPU clusters' by
-    tests/test_gpu.py, in its GPU lane. A command on a
-    Ray cluster (`--ray`) needs a cluster: tests/test_ray.py starts one of its own for them."""
+    commands are run by tests/test_maxtext_program.py (`verify`'s by tests/test_maxtext_verify.py), in the test
+    command's maxtext: lane; GPU clusters' by tests/test_gpu.py, in its GPU lane. A command on a Ray cluster
+    (`--ray`) needs a cluster: tests/test_ray.py starts one of its own for them."""
     if re.search(r"--topology (h100|h200|b200|gb200)-|h100-2x8\.json", command):
         return False  # GPU clusters need the GPU extra: tests/test_gpu.py runs them, in the GPU lane
     return "maxtext:" not in command and "qwen.json" not in command and "--ray" not in command

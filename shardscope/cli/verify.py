@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from shardscope.cli.app import JsonOption, MeshOption, PresetOption, app, fail, quiet_compiler_logs
+from shardscope.cli.app import (
+    JsonOption,
+    MaxTextOption,
+    MaxTextPathOption,
+    MeshOption,
+    PresetOption,
+    app,
+    fail,
+    quiet_compiler_logs,
+)
 from shardscope.cli.case_options import options_given
 from shardscope.errors import ShardscopeError, unknown_name
 from shardscope.verify.records import AGAINST_ONE_DEVICE as ONE_DEVICE
@@ -31,6 +40,10 @@ HELP = "\n\n".join(
         "(the whole rule: docs/how-to/verify.md).",
         "A divergence is named with its error, its sharding on each side and the collectives of the preset's "
         "plan that touch it, with their model lines. Exit 0 same, 1 diverged, 2 bad input.",
+        "maxtext:MODEL runs MaxText's own train step from MaxText's initial state and synthetic batch: --maxtext is "
+        "its command line (reduce it: base_num_decoder_layers=2 base_emb_dim=…); --against one-device is the same "
+        "command line with every ici_*_parallelism 1 on one device, --against 'k=v …' the command line with those "
+        "keys changed.",
     )
 )
 
@@ -43,7 +56,11 @@ def verify_command(
     preset: PresetOption = "default",
     against: Annotated[
         str,
-        typer.Option("--against", help="A second preset (name or YAML) to compare with, or one-device."),
+        typer.Option(
+            "--against",
+            help="A second preset (name or YAML) to compare with, or one-device; for maxtext:MODEL, MaxText keys "
+            "'k=v …' that change its command line.",
+        ),
     ] = ONE_DEVICE,
     steps: Annotated[
         int | None, typer.Option("--steps", help=f"Training steps run on each side (default {DEFAULT_STEPS}).")
@@ -58,17 +75,26 @@ def verify_command(
         str | None,
         typer.Option("--step", help="Your own program, module:function returning (jitted step, args, mesh)."),
     ] = None,
+    maxtext: MaxTextOption = None,
+    maxtext_path: MaxTextPathOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Real steps under two shardings, compared: the same computation, or where it is not."""
+    from shardscope.case.maxtext_model import is_maxtext_model  # lazy: off the --help path
+    from shardscope.cli.case_options import check_maxtext_path
+
+    count = DEFAULT_STEPS if steps is None else steps
     try:
-        check_options(model, step, preset, against, steps, mesh, settings)
+        check_maxtext_path(model, maxtext_path)
+        maxtext_model = model is not None and is_maxtext_model(model)
+        check_options(model, step, preset, against, steps, mesh, settings, maxtext_model)
         quiet_compiler_logs()
-        report = (
-            _verify_model(model, preset, against, DEFAULT_STEPS if steps is None else steps, topology, mesh, settings)
-            if model is not None
-            else _verify_step(step or "", topology)
-        )
+        if model is None:
+            report = _verify_step(step or "", topology)
+        elif maxtext_model:
+            report = _verify_maxtext(model, preset, against, count, topology, mesh, settings, maxtext, maxtext_path)
+        else:
+            report = _verify_model(model, preset, against, count, topology, mesh, settings, maxtext)
     except ShardscopeError as err:
         fail(err)
     if as_json:
@@ -90,8 +116,10 @@ def check_options(
     steps: int | None,
     mesh: str | None,
     settings: list[str] | None,
+    maxtext_model: bool = False,
 ) -> None:
-    """A model or --step, never both; a step brings its own mesh and runs once against one device.
+    """A model or --step, never both; a step brings its own mesh and runs once against one device; a
+    `maxtext:` model compares against one device or MaxText keys.
 
     Raises:
       ShardscopeError: what does not go together, or an --against that names nothing known.
@@ -108,6 +136,14 @@ def check_options(
             )
         if against != ONE_DEVICE:
             raise ShardscopeError(f"--step verifies against one device: --against {against} does not apply")
+    if maxtext_model:
+        if against != ONE_DEVICE and "=" not in against:
+            raise ShardscopeError(
+                f"--against {against}: a maxtext: model is verified against one-device or MaxText keys that change "
+                "its command line (e.g. --against 'ici_fsdp_parallelism=8 ici_tensor_parallelism=1', or "
+                "'custom_mesh_and_rule=ep-as-cp')"
+            )
+        return
     if against != ONE_DEVICE and not Path(against).suffix:
         from shardscope.case.presets import builtin_preset_names  # lazy: off the --help path
 
@@ -116,17 +152,45 @@ def check_options(
 
 
 def _verify_model(
-    model: str, preset: str, against: str, steps: int, topology: str, mesh: str | None, settings: list[str] | None
+    model: str,
+    preset: str,
+    against: str,
+    steps: int,
+    topology: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    maxtext: str | None,
 ) -> VerifyReport:
     from shardscope.cli.case_options import resolve_cli_case  # lazy: off the --help path
     from shardscope.stages.devices import configure_devices
 
-    case = resolve_cli_case(model, preset, topology, mesh, settings, None)
-    other = None if against == ONE_DEVICE else resolve_cli_case(model, against, topology, mesh, settings, None)
+    case = resolve_cli_case(model, preset, topology, mesh, settings, maxtext)
+    other = None if against == ONE_DEVICE else resolve_cli_case(model, against, topology, mesh, settings, maxtext)
     configure_devices(case.topology)
     from shardscope.verify.cases import verify_case  # lazy: loads JAX
 
     return verify_case(case, other, steps)
+
+
+def _verify_maxtext(
+    model: str,
+    preset: str,
+    against: str,
+    steps: int,
+    topology: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    maxtext: str | None,
+    maxtext_path: Path | None,
+) -> VerifyReport:
+    from shardscope.cli.case_options import resolve_cli_maxtext_case  # lazy: off the --help path
+    from shardscope.stages.devices import configure_devices
+
+    case = resolve_cli_maxtext_case(model, topology, preset, mesh, settings, maxtext, maxtext_path)
+    configure_devices(case.topology)
+    from shardscope.verify.maxtext import verify_maxtext  # lazy: loads JAX and MaxText
+
+    return verify_maxtext(case, None if against == ONE_DEVICE else against, steps)
 
 
 def _verify_step(step: str, topology: str) -> VerifyReport:

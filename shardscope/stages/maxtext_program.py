@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,20 @@ from shardscope.errors import MemoryExhaustedError
 from shardscope.stages.compiler_log import capture_compiler_log
 from shardscope.stages.devices import tpu_devices
 from shardscope.stages.user_step import one_line
+
+
+@dataclass(frozen=True)
+class TrainFunction:
+    """MaxText's jitted train step before it is jitted: the function (`train_step` with MaxText's model, config
+    and shardings bound, as `get_functional_train_with_signature` binds them) and what `jax.jit` takes."""
+
+    function: Any
+    in_shardings: Any
+    out_shardings: Any
+    static_argnums: Any
+    donate_argnums: Any
+    model: Any  # the Linen model, or the NNX train state's graphdef
+    params_shardings: Any
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ class MaxTextStep:
     compiled: Any = None
     compiler_log: str = ""
     compiler_log_visible: bool = True
+    train: TrainFunction | None = None
 
 
 def _import_maxtext(case: MaxTextCase) -> None:
@@ -107,7 +122,25 @@ def _maxtext_rng() -> Iterator[None]:
         yield
 
 
-def _config_error(err: Exception) -> str:
+@contextlib.contextmanager
+def maxtext_scope(step: MaxTextStep, mesh: bool = False, rules: bool = False) -> Iterator[None]:
+    """MaxText's contexts for running its code on a built step: quiet, its PRNG, and (asked for) its mesh and
+    its logical axis rules, as its training loop sets them."""
+    import jax  # lazy: JAX starts once the device pool is sized
+    from flax.linen import partitioning as nn_partitioning
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_quiet_stdout())
+        stack.enter_context(_maxtext_rng())
+        if mesh or rules:
+            stack.enter_context(jax.set_mesh(step.mesh))
+            stack.enter_context(step.mesh)
+        if rules:
+            stack.enter_context(nn_partitioning.axis_rules(step.config.logical_axis_rules))
+        yield
+
+
+def config_error(err: Exception) -> str:
     """MaxText's own complaint about a command line, as one line."""
     errors = getattr(err, "errors", None)
     if callable(errors):  # pydantic's ValidationError: the first field it refused, and why
@@ -137,10 +170,10 @@ def maxtext_config(case: MaxTextCase) -> Any:
         with _quiet_stdout():
             return pyconfig.initialize(["shardscope", *case.argv()])
     except Exception as err:  # MaxText's config raises ValueError, pydantic errors, AssertionError, …
-        raise MaxTextError(f"MaxText's config refused maxtext:{case.model}: {_config_error(err)}") from None
+        raise MaxTextError(f"MaxText's config refused maxtext:{case.model}: {config_error(err)}") from None
 
 
-def _mesh(case: MaxTextCase, config: Any) -> Any:
+def _mesh(case: MaxTextCase, config: Any, devices: Sequence[Any] | None = None) -> Any:
     import jax  # lazy: JAX starts once the device pool is sized
     from jax.sharding import AxisType, Mesh
     from maxtext.common.common_types import ShardMode
@@ -150,7 +183,7 @@ def _mesh(case: MaxTextCase, config: Any) -> Any:
     if case.topology.tpu is not None:
         tpu_devices(case.topology.tpu, case.topology.slices)  # libtpu's check and quiet environment
         return train_compile.get_topology_mesh(config)
-    devices = sorted(jax.devices(), key=lambda d: d.id)
+    devices = sorted(jax.devices(), key=lambda d: d.id) if devices is None else list(devices)
     if len(devices) != case.topology.num_devices:
         # MaxText sizes its batch and its -1 axes by the process's device count.
         raise MaxTextError(
@@ -162,9 +195,14 @@ def _mesh(case: MaxTextCase, config: Any) -> Any:
     return Mesh(grid, config.mesh_axes, axis_types=(axis_type,) * len(config.mesh_axes))
 
 
-def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool = True) -> MaxTextStep:
+def build_maxtext_step(
+    case: MaxTextCase, lower: bool = True, compile_step: bool = True, devices: Sequence[Any] | None = None
+) -> MaxTextStep:
     """MaxText's train step of a case: its state and shardings, and (with `lower`) its lowered and (with
     `compile_step`) compiled program.
+
+    `devices`: the CPU devices its mesh is built on (default: every device of the process, as MaxText builds
+    it; a single device for a run whose command line says so, see `verify`).
 
     Raises:
       MaxTextError: MaxText refuses the command line or cannot build the step (its message, one line).
@@ -180,7 +218,7 @@ def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool
     sharding.clear_input_shardings_dump()
     try:
         with _quiet_stdout(), _maxtext_rng():
-            mesh = _mesh(case, config)
+            mesh = _mesh(case, config, devices)
             args, kwargs, state_shardings, logical, model = train_compile.get_shaped_inputs(mesh, config)
             params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
             input_shardings = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
@@ -191,7 +229,7 @@ def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool
     except MaxTextError:
         raise
     except Exception as err:  # MaxText's own code refusing the case (asserts, ValueErrors)
-        raise MaxTextError(f"MaxText could not build maxtext:{case.model}: {_config_error(err)}") from None
+        raise MaxTextError(f"MaxText could not build maxtext:{case.model}: {config_error(err)}") from None
     built = MaxTextStep(
         case=case,
         config=config,
@@ -202,6 +240,7 @@ def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool
         batch=dict(args[1]),
         batch_sharding=data_sharding,
         activations=tuple(sharding._ACTIVATION_SHARDINGS_DUMP),
+        train=TrainFunction(function, in_shardings, out_shardings, static, donate, model, params_shardings),
     )
     if not lower:
         return built
@@ -218,7 +257,7 @@ def build_maxtext_step(case: MaxTextCase, lower: bool = True, compile_step: bool
             lowered = jitted.lower(*args, **kwargs)
     except Exception as err:  # MaxText's step refusing the case while it is traced
         raise MaxTextError(
-            f"MaxText's train step of maxtext:{case.model} does not trace: {_config_error(err)}"
+            f"MaxText's train step of maxtext:{case.model} does not trace: {config_error(err)}"
         ) from None
     activations = tuple(sharding._ACTIVATION_SHARDINGS_DUMP)
     if not compile_step:

@@ -222,6 +222,8 @@ def _computed_at(jaxpr: Any) -> list[tuple[int, int]]:
                 passes[var] = eqn.invars[0]
 
     def origin(var: Any) -> tuple[int, int]:
+        if isinstance(var, Literal):  # a constant output (a metric the step fixes): computed nowhere
+            return (-1, 0)
         seen = 0
         while var in passes and seen < len(jaxpr.eqns):
             var, seen = passes[var], seen + 1

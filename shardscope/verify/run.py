@@ -67,7 +67,7 @@ def _relaid(outputs: Any, relayout: Relayout) -> Any:
     return state, {**metrics, "grads": relayout(metrics["grads"])}
 
 
-def _readings(jaxpr: Any, steps: int, state_inputs: int) -> tuple[ProgramReading, ...]:
+def step_readings(jaxpr: Any, steps: int, state_inputs: int) -> tuple[ProgramReading, ...]:
     """Each step's reading of the program: the state a step starts from carries what the one before computed."""
     readings: list[ProgramReading] = []
     inputs = None
@@ -114,7 +114,7 @@ def _side_run(label: str, results: list[Any], jaxpr: Any, relayout: Relayout | N
     which are per output of its own layout (moved likewise: a moved leaf takes the worst of its sources)."""
     own_paths, _ = _flat(results[0])
     state_leaves = len(jax.tree.leaves(results[0][0]))
-    readings = _readings(jaxpr, len(results), state_leaves)
+    readings = step_readings(jaxpr, len(results), state_leaves)
     if relayout is not None:
         results = [_relaid(outputs, relayout) for outputs in results]
     paths, _ = _flat(results[0])
