@@ -132,8 +132,21 @@ def chosen() -> tuple[int, list[Candidate]]:
     return record["ranked"], [Candidate(**c) for c in record["chosen"]]
 
 
+def compile_order(candidates: list[Candidate]) -> list[Candidate]:
+    """The pick first, then round by round one of each kind (its best, then its median, then its worst), the
+    rest of the top last: a study cut short still spans every kind."""
+    kinds = ("fsdp", "fsdp+expert", "tensor", "pipeline", "context")
+    by_kind = {kind: [c for c in candidates[1:] if c.kind == kind] for kind in kinds}
+    ordered = candidates[:1]
+    while any(by_kind.values()):
+        for kind in kinds:
+            if by_kind[kind]:
+                ordered.append(by_kind[kind].pop(0))
+    return ordered
+
+
 def compile_missing() -> int:
-    for candidate in chosen()[1]:
+    for candidate in compile_order(chosen()[1]):
         if candidate.plan_path.exists():
             continue
         print(f"compiling #{candidate.rank} {candidate.preset} {candidate.mesh}", flush=True)
