@@ -17,9 +17,9 @@ Kinds:
   (the rows it reads and writes), where it changes an elementwise op's many times over: a CPU compile's
   are priced as a TPU's with a factor of their own (`shardscope.cost.step`).
 - `grouped`: an op whose matrix work is the experts' of a dropless MoE run as a grouped-matmul kernel (its
-  dot inside `GROUPED_SCOPE`, or a TPU program's own Pallas kernel, MaxText's megablox `gmm`/`tgmm`, its FLOPs
-  counted from its shapes: `grouped_kernel_flops`): FLOPs and bytes as a matmul's, priced at the kernel's
-  efficiency.
+  dot inside `GROUPED_SCOPE`, or a TPU program's own kernel, MaxText's megablox `gmm`/`tgmm`, tokamax's
+  `gmm_megablox`/`tgmm_megablox` or the TPU compiler's `ragged-dot-none`, its FLOPs counted from its shapes:
+  `grouped_kernel_flops`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
 - `kernel`: an op inside the flash-attention scope (`KERNEL_SCOPE`), or one the compiler added next to such
   ops without a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
   each block's scores on chip where the stand-in writes them to HBM. A TPU program's own attention kernel
