@@ -149,6 +149,8 @@ def _plan_maxtext(
         raise ShardscopeError(f"{model} is configured by MaxText's command line alone: pass it as maxtext=…")
     path = None if maxtext_path is None else Path(maxtext_path)
     case = resolve_maxtext_model(model, get_topology(topology), parse_maxtext_args(maxtext or ""), path)
+    for line in case.notes:
+        warnings.warn(line, stacklevel=3)
     return plan_maxtext_case(case, tensors_only)
 
 

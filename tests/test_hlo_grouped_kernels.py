@@ -48,3 +48,58 @@ def test_another_pallas_kernel_is_not_taken_for_a_grouped_matmul():
     renamed = MODULE.replace("%gmm.9", "%rms_norm.9").replace("/gmm/", "/rms_norm/").replace("gmm.9)", "rms_norm.9)")
     grouped = [b for b in work_profile(read_module(renamed)) if b.kind == "grouped" and b.pass_ == "forward"]
     assert grouped == []
+
+
+# tokamax's grouped matmul (MaxText's `use_tokamax_gmm=True`), as the TPU compiler spells its Pallas calls: the
+# group metadata first (scalars and per-tile tables), then the token rows and the experts' weights. The tokens'
+# gradient multiplies by the weights transposed ([experts, HIDDEN, WIDTH] read as [WIDTH, HIDDEN] per expert).
+TILES = "s32[1]{0} %p2, s32[65]{0} %p2, s32[112]{0} %p2, s32[112]{0} %p2, s32[1]{0} %p2"
+SCOPE = 'tokamax:{\\"op\\":{\\"__type\\":\\"tokamax._src.ops.ragged_dot.pallas_mosaic_tpu.PallasMosaicTpuRaggedDot\\"}}'
+TOKAMAX = "\n".join(
+    [
+        f"HloModule jit_train_step, entry_computation_layout={{()->{GRAD}}}",
+        "",
+        f"ENTRY %main (p0: {LHS}, p1: {WEIGHTS}, p2: {SIZES}, p3: {GRAD}) -> ({GRAD}, {LHS}, {WEIGHTS}) {{",
+        f"  %p0 = {LHS}{{1,0}} parameter(0)",
+        f"  %p1 = {WEIGHTS}{{2,1,0}} parameter(1)",
+        f"  %p2 = {SIZES}{{0}} parameter(2)",
+        f"  %p3 = {GRAD}{{1,0}} parameter(3)",
+        f"  %gmm_megablox.3 = {GRAD}{{1,0:T(8,128)(2,1)}} custom-call({TILES}, {LHS}{{1,0}} %p0, {WEIGHTS}{{2,1,0}} "
+        f'%p1), {PALLAS}, metadata={{op_name="{STEP}/jvp()/while/body/shard_map/{SCOPE}/gmm_megablox"}}',
+        f"  %gmm_megablox_transpose_rhs.2 = {LHS}{{1,0:T(8,128)(2,1)}} custom-call({TILES}, {GRAD}{{1,0}} %p3, "
+        f"{WEIGHTS}{{2,1,0}} %p1), {PALLAS}, "
+        f'metadata={{op_name="{STEP}/transpose(jvp())/while/body/shard_map/{SCOPE}/gmm_megablox_transpose_rhs"}}',
+        f"  %tgmm_megablox.4 = {WEIGHTS}{{2,1,0:T(8,128)(2,1)}} custom-call({TILES}, {LHS}{{1,0}} %p0, {GRAD}{{1,0}} "
+        f'%p3), {PALLAS}, metadata={{op_name="{STEP}/transpose(jvp())/while/body/shard_map/{SCOPE}/tgmm_megablox"}}',
+        f"  ROOT %t = ({GRAD}, {LHS}, {WEIGHTS}) "
+        "tuple(%gmm_megablox.3, %gmm_megablox_transpose_rhs.2, %tgmm_megablox.4)",
+        "}",
+        "",
+    ]
+)
+
+
+def test_tokamax_grouped_matmuls_count_each_token_rows_matmul_once():
+    """Forward: one product; backward: the tokens' gradient (weights transposed) and the weights' gradient."""
+    bins = work_profile(read_module(TOKAMAX))
+    grouped = {b.pass_: b for b in bins if b.kind == "grouped"}
+    one_product = 2 * ROWS * WIDTH * HIDDEN
+    assert grouped["forward"].flops == one_product
+    assert grouped["backward"].flops == 2 * one_product
+    assert not [b for b in bins if b.kind != "grouped" and b.flops]
+
+
+def test_the_tpu_compilers_ragged_dot_kernel_counts_as_grouped_and_its_group_table_not():
+    """`jax.lax.ragged_dot` (MaxText with neither megablox nor tokamax) runs on the TPU as the compiler's own
+    Mosaic kernel `ragged-dot-none`, beside a `ragged-dot-metadata` call that tabulates the groups."""
+    metadata = f"(s32[1]{{0}}, s32[65]{{0}}, s32[112]{{0}}) custom-call({SIZES}{{0}} %p2), {PALLAS}"
+    text = (
+        TOKAMAX.replace("%gmm_megablox.3", "%ragged-dot-none.7")
+        .replace('/gmm_megablox"', '/ragged_dot_general/ragged-dot-none"')
+        .replace("  ROOT %t", f"  %ragged-dot-metadata.1 = {metadata}\n  ROOT %t")
+    )
+    assert "%ragged-dot-none.7 = " in text and 'ragged-dot-none"' in text
+    bins = work_profile(read_module(text))
+    grouped = {b.pass_: b for b in bins if b.kind == "grouped"}
+    assert grouped["forward"].flops == 2 * ROWS * WIDTH * HIDDEN
+    assert sum(b.flops for b in bins) == 3 * 2 * ROWS * WIDTH * HIDDEN

@@ -22,7 +22,12 @@ if sys.version_info < (3, 12):
 import maxtext  # on 3.12 the route's tests need MaxText: installed by `scripts/test.sh`
 
 import shardscope
-from shardscope.case.maxtext_model import SUPPORTED_VERSIONS, resolve_maxtext_model
+from shardscope.case.maxtext_model import (
+    SUPPORTED_VERSIONS,
+    MaxTextError,
+    resolve_maxtext_model,
+    translate_renamed_keys,
+)
 from shardscope.case.maxtext_run import parse_maxtext_args
 from shardscope.case.topology import get_topology
 from shardscope.cli import app
@@ -238,6 +243,66 @@ def test_ragged_all_to_all_on_the_cpu_route_is_one_line_naming_the_tpu_route():
     assert result.exit_code == 2, result.output
     assert "ragged all-to-all" in result.output and "TPU topology" in result.output
     assert "sparse_matmul=false" in result.output
+
+
+def test_a_key_maxtext_renamed_is_planned_under_the_trees_name_and_said_so(tmp_path):
+    """Ironwood's published command lines say `fsdp_shard_on_exp`, which MaxText 0.2.4 calls `shard_exp_on_fsdp`:
+    planned as the new name (the experts' weights sharded over fsdp, not left at the key's default), with a
+    warning line and the translation in the plan's provenance."""
+    moe = f"{SMALL} ici_fsdp_parallelism=-1"
+    plans = {}
+    for name, extra in (("old", "fsdp_shard_on_exp=true"), ("new", "shard_exp_on_fsdp=true"), ("default", "")):
+        path = tmp_path / f"{name}.json"
+        result = cli("dump", "maxtext:qwen3-30b-a3b", "--tensors-only", "--maxtext", f"{moe} {extra}", "-o", str(path))
+        assert result.exit_code == 0, result.output
+        warned = "fsdp_shard_on_exp: MaxText 0.2.4 names this key shard_exp_on_fsdp" in result.output
+        assert warned == (name == "old"), result.output
+        plans[name] = shardscope.load_plan(path)
+    experts = [path for path in plans["new"].tensor_map if path.endswith("/moe_block/wi_0")]
+    assert experts
+    spec = {name: plan.tensor_map[experts[0]].spec for name, plan in plans.items()}
+    assert spec["old"] == spec["new"] != spec["default"]
+    assert dict(plans["old"].case.overrides)["shard_exp_on_fsdp"] == "true"
+    assert dict(plans["old"].provenance)["maxtext_renamed"] == "fsdp_shard_on_exp -> shard_exp_on_fsdp"
+    assert "maxtext_renamed" not in dict(plans["new"].provenance)
+
+
+def test_a_renamed_key_is_translated_only_where_the_tree_knows_the_new_name_alone():
+    given = (("fsdp_shard_on_exp", "true"), ("steps", "5"))
+    renamed = (("fsdp_shard_on_exp", "shard_exp_on_fsdp"),)
+    assert translate_renamed_keys(given, frozenset({"shard_exp_on_fsdp", "steps"})) == (
+        (("shard_exp_on_fsdp", "true"), ("steps", "5")),
+        renamed,
+    )
+    # An earlier tree that still has the old name is planned as written.
+    assert translate_renamed_keys(given, frozenset({"fsdp_shard_on_exp", "steps"})) == (given, ())
+    with pytest.raises(MaxTextError, match="earlier name of shard_exp_on_fsdp"):
+        translate_renamed_keys((*given, ("shard_exp_on_fsdp", "false")), frozenset({"shard_exp_on_fsdp"}))
+
+
+def test_tokamax_grouped_matmul_builds_for_a_tpu_and_counts_as_grouped_work():
+    """`use_tokamax_gmm=True` picks tokamax's kernel by the default device (this host's CPU, which it refuses):
+    for a TPU topology it is traced as on the TPU, its Mosaic grouped matmuls counted as grouped work from their
+    shapes; what the build changed for tokamax is restored after it."""
+    from absl import flags
+    from jax._src.pallas.mosaic import tpu_info
+    from jax.extend import backend
+    from tokamax._src.ops import op
+
+    parsed, kind = flags.FLAGS.is_parsed(), tpu_info.get_device_kind
+    moe = "override_model_config=true base_num_decoder_layers=1 per_device_batch_size=1 max_target_length=256"
+    plan = shardscope.plan_case(
+        "maxtext:qwen3-30b-a3b",
+        topology="tpu7x-8",
+        maxtext=f"{moe} sparse_matmul=true megablox=false use_tokamax_gmm=true",
+    )
+    grouped = {w.pass_: w.flops for w in plan.work if w.kind == "grouped"}
+    # Qwen3-30B-A3B: 256 tokens a device, each to 8 experts of 2048 → 768 (wi_0, wi_1) and 768 → 2048 (wo).
+    rows, embed, mlp = 256 * 8, 2048, 768
+    assert grouped["forward"] == 3 * 2 * rows * embed * mlp
+    # Under MaxText's default full remat the backward pass recomputes the forward one, then both gradients.
+    assert grouped["backward"] == 3 * grouped["forward"]
+    assert op.backend is backend and tpu_info.get_device_kind is kind and flags.FLAGS.is_parsed() == parsed
 
 
 def test_planning_leaves_the_process_compilation_cache_alone(qwen_plans):

@@ -10,11 +10,15 @@ from its `version.py`, and its models are the files of its `configs/models/`. Bu
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from shardscope.case.maxtext_keys import RENAMED_KEYS
 from shardscope.case.topology import Topology
 from shardscope.errors import ShardscopeError
 
@@ -51,6 +55,10 @@ class MaxTextTree:
         """MaxText's base.yml, the first word of its command line."""
         return self.package_dir / "configs" / "base.yml"
 
+    def keys(self) -> frozenset[str]:
+        """The keys the tree's command line knows: base.yml's."""
+        return _base_keys(self.base_config)
+
     def models(self) -> tuple[str, ...]:
         """The models the tree has: one yml each under configs/models/."""
         return tuple(sorted(p.stem for p in (self.package_dir / "configs" / "models").glob("*.yml")))
@@ -62,8 +70,17 @@ class MaxTextCase:
 
     model: str  # MaxText's model_name
     topology: Topology
-    args: tuple[tuple[str, str], ...]  # MaxText's command-line keys, in the order given
+    args: tuple[tuple[str, str], ...]  # MaxText's command-line keys, in the order given (renamed ones translated)
     tree: MaxTextTree
+    renamed: tuple[tuple[str, str], ...] = ()  # (the name given, the tree's name) of each key translated
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the case changed of its command line, one line each (a translated key's old and new name)."""
+        return tuple(
+            f"--maxtext {old}: MaxText {self.tree.version} names this key {new}; planned as {new}"
+            for old, new in self.renamed
+        )
 
     @property
     def name(self) -> str:
@@ -93,6 +110,12 @@ class MaxTextCase:
             # compile of the process would be cached there too. A plan compiles afresh unless asked otherwise.
             words.append("jax_cache_dir=")
         return words + [f"{key}={value}" for key, value in self.args]
+
+
+@functools.cache
+def _base_keys(base_config: Path) -> frozenset[str]:
+    loaded = yaml.safe_load(base_config.read_text(encoding="utf-8"))
+    return frozenset(loaded) if isinstance(loaded, dict) else frozenset()
 
 
 def is_maxtext_model(name: str) -> bool:
@@ -165,7 +188,33 @@ def resolve_maxtext_model(
     for key in ("model_name", "compile_topology", "compile_topology_num_slices", "hardware"):
         if key in dict(args):
             raise MaxTextError(f"--maxtext {key}=…: the model is maxtext:NAME and the topology --topology")
-    return MaxTextCase(model=name, topology=topology, args=args, tree=tree)
+    args, renamed = translate_renamed_keys(args, tree.keys())
+    return MaxTextCase(model=name, topology=topology, args=args, tree=tree, renamed=renamed)
+
+
+def translate_renamed_keys(
+    args: tuple[tuple[str, str], ...], known: frozenset[str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """The command line under the names the tree knows, and the (old, new) names translated.
+
+    A published command line was written against the MaxText of its day (the Ironwood recipes against
+    maxtext-tutorial-v1.5.0: `fsdp_shard_on_exp`); a later tree that renamed the key refuses the old name, and
+    planning without it plans another program (the experts' weights sharded by the key's default). A key is
+    translated (`RENAMED_KEYS`) only where the tree knows its new name and not its old one: a tree that still
+    has the old name is planned as written.
+
+    Raises:
+      MaxTextError: a key given under both its names.
+    """
+    given = dict(args)
+    renamed = {}
+    for old, new in RENAMED_KEYS.items():
+        if old not in given or old in known or new not in known:
+            continue
+        if new in given:
+            raise MaxTextError(f"--maxtext: {old} is MaxText's earlier name of {new}; give one of them")
+        renamed[old] = new
+    return tuple((renamed.get(k, k), v) for k, v in args), tuple(renamed.items())
 
 
 def installed_tree() -> MaxTextTree | None:

@@ -82,7 +82,9 @@ def resolve_cli_maxtext_case(
             f"{model} is MaxText's own program, configured by MaxText's command line: {', '.join(given)} does not "
             "apply (e.g. --maxtext 'custom_mesh_and_rule=ep-as-cp ici_expert_parallelism=2')"
         )
-    return resolve_maxtext_model(model, get_topology(topology), parse_maxtext_args(maxtext or ""), maxtext_path)
+    case = resolve_maxtext_model(model, get_topology(topology), parse_maxtext_args(maxtext or ""), maxtext_path)
+    warn(case.notes)
+    return case
 
 
 def check_maxtext_path(model: str | None, maxtext_path: Path | None) -> None:

@@ -130,7 +130,10 @@ def _case_record(step: MaxTextStep) -> CaseRecord:
 def _provenance(step: MaxTextStep, platform: str) -> tuple[tuple[str, Any], ...]:
     tree = step.case.tree
     source = str(tree.src) if tree.checkout else "installed package"
-    return tuple(sorted((*provenance(platform, {}), ("maxtext", f"{tree.version} ({source})"))))
+    notes = [("maxtext", f"{tree.version} ({source})")]
+    if step.case.renamed:  # the command line's keys the tree knows under another name (`case.overrides` has it)
+        notes.append(("maxtext_renamed", ", ".join(f"{old} -> {new}" for old, new in step.case.renamed)))
+    return tuple(sorted((*provenance(platform, {}), *notes)))
 
 
 def slice_mesh(step: MaxTextStep) -> tuple[tuple[str, int], ...]:

@@ -1,11 +1,19 @@
-"""FLOPs of a grouped-matmul Pallas kernel of a TPU program (MaxText's megablox `gmm` and `tgmm`, the experts'
-matmuls of its dropless MoE), counted from the operands' and result's shapes.
+"""FLOPs of a grouped-matmul kernel of a TPU program, counted from the operands' and result's shapes: the Pallas
+kernels of MaxText's dropless MoE (megablox `gmm` and `tgmm`; tokamax's `gmm_megablox`,
+`gmm_megablox_transpose_rhs` and `tgmm_megablox`, which `use_tokamax_gmm` runs), and the TPU compiler's own
+Mosaic kernel for `jax.lax.ragged_dot` (`ragged-dot-none`, which MaxText runs with neither: the forward
+product and the tokens' gradient; `ragged-dot-metadata` beside it only tabulates the groups).
 
 A grouped matmul multiplies each row of its left operand [m, k] by the weights of the group the row belongs to:
 `gmm` ([m, k] × [groups, k, n] → [m, n]) in the forward pass and for the tokens' gradient, `tgmm` ([m, k]ᵀ ×
 [m, n] → [groups, k, n]) for the weights' gradient. Either way each of the m rows takes part in one k × n
 product: 2·m·k·n FLOPs, whatever the group sizes (rows a group does not fill are padding the kernel skips,
 counted here as the tiles it computes: m is the padded row count the kernel is given).
+
+The TPU compiler does not lower a ragged dot's weights' gradient (ragged over the contracted rows) to a kernel:
+it masks the rows and the output gradient once per group ([groups, m, k] and [groups, m, n]) and contracts
+each group over all m rows in one base-dilated convolution. That is a dense matmul of the program, groups
+times the work of `tgmm`, and counts as one (`matmul`), as the compiled program runs it.
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ from shardscope.hlo.shapes import shape_info
 
 __all__ = ["grouped_kernel_flops"]
 
-# The kernel's name, as Pallas names the custom call (`gmm.9`, `tgmm.1`) or, called inside a shard_map or a
-# vmap, as its op_name ends (`…/gmm/pallas_call`).
-_GROUPED_KERNEL = re.compile(r"(?:^|/)(t?gmm)(?:\.\d+)?(?:/|$)")
+# The kernel's name, as Pallas names the custom call (`gmm.9`, `tgmm.1`; tokamax's `gmm_megablox.3`,
+# `gmm_megablox_transpose_rhs.2` for the tokens' gradient, `tgmm_megablox.4`; the TPU compiler's
+# `ragged-dot-none.7`) or, called inside a shard_map or a vmap, as its op_name ends (`…/gmm/pallas_call`). The
+# transposed-weights form multiplies [m, k] by [groups, n, k]: still one k × n product per row, 2·m·k·n.
+_GROUPED_KERNEL = re.compile(r"(?:^|/)(?:t?gmm(?:_megablox(?:_transpose_rhs)?)?|ragged-dot-none)(?:\.\d+)?(?:/|$)")
 
 
 def grouped_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:

@@ -18,8 +18,9 @@ Kinds:
   are priced as a TPU's with a factor of their own (`shardscope.cost.step`).
 - `grouped`: an op whose matrix work is the experts' of a dropless MoE run as a grouped-matmul kernel (its
   dot in the program's grouped-matmul marker, `shardscope.hlo.markers.GROUPED_MATMUL`, or a TPU program's
-  own Pallas kernel, MaxText's megablox `gmm`/`tgmm`, its FLOPs counted from its shapes:
-  `grouped_kernel_flops`): FLOPs and bytes as a matmul's, priced at the kernel's efficiency.
+  own kernel, MaxText's megablox `gmm`/`tgmm`, tokamax's `gmm_megablox`/`tgmm_megablox` or the TPU
+  compiler's `ragged-dot-none`, its FLOPs counted from its shapes: `grouped_kernel_flops`): FLOPs and bytes
+  as a matmul's, priced at the kernel's efficiency.
 - `kernel`: an op in the program's attention-kernel marker (`shardscope.hlo.markers.ATTENTION`: a stand-in
   for a TPU kernel that a CPU compile cannot contain), or one the compiler added next to such ops without
   a name (`_kernel_ops`): its FLOPs are the kernel's; its bytes are not, since the kernel keeps
