@@ -158,3 +158,15 @@ def test_the_expected_step_lies_between_its_bounds(work, rows, cpu):
     )
     value = expected_step(work, rows, hardware, cpu, expert_width=2048)
     assert max(compute, transfers) * (1 - 1e-9) <= value <= (compute + transfers) * (1 + 1e-9)
+
+
+def test_the_advise_study_page_is_generated_from_its_stored_plans():
+    """docs/concepts/advise-study.md holds advise_study.py's comparison of the stored compiled plans."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        study = importlib.import_module("advise_study")
+        assert study.main(["--check"]) == 0, "run python benchmarks/advise_study.py --write"
+        assert "Rank correlation" in study.PAGE.read_text()
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.modules.pop("advise_study", None)
