@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,57 @@ def test_a_renamed_program_has_the_same_work_profile_and_estimate(compiled_cases
     priced, priced_renamed = price_plan(plan, "v5p"), price_plan(renamed, "v5p")
     assert priced.estimate is not None and priced.estimate.expected is not None
     assert priced_renamed.estimate == priced.estimate
+
+
+# The prediction reads a plan's tensors only: their logical axes, kinds, shapes, dtypes and specs, never
+# their paths' names. The goldens (every preset of the tiny MoE models), and stored plans of the reference
+# models covering MLA and grouped-query attention, remat policies that keep some projections, context and
+# tensor parallelism, expert parallelism, the dense MoE dispatch and an Explicit pipeline.
+_ROOT = Path(__file__).resolve().parent.parent
+_STORED = (
+    "deepseek2-16b_v5p-8_doc",
+    "deepseek3-671b_tpu7x-256_4k_iw",
+    "llama2-70b_v5p-1024_tiering",
+    "llama3.1-70b_tpu7x-512_128k_iw",
+    "llama3.1-405b_2xv6e-256_2024-10",
+    "mixtral-8x22b_v6e-256_tr",
+    "mixtral-8x7b_v6e-256_tiering",
+    "seed003-fsdp-pp-explicit",
+)
+_PREDICTED_PLANS = (
+    *sorted(path.relative_to(_ROOT).as_posix() for path in _ROOT.glob("golden/*/cpu-8/*.json")),
+    *(f"benchmarks/plans/{stem}.tpu.json" for stem in _STORED),
+)
+
+
+def _renamed_tensors(plan):
+    """The plan with every tensor path renamed (tensor records unchanged), listed in the new paths' order."""
+    return dataclasses.replace(plan, tensors=tuple(sorted((_renamed_path(path), r) for path, r in plan.tensors)))
+
+
+# Still keyed on a path: the token ids (`inputs/tokens`, `predict.layout.device_tokens`). Found by their
+# logical axes instead, MaxText's own programs (their token input is `inputs/inputs`) would be predicted on
+# their real tokens, which changes those plans' predictions.
+@pytest.mark.xfail(strict=True, reason="the token ids are found by their path")
+@pytest.mark.parametrize("name", _PREDICTED_PLANS)
+def test_a_renamed_plan_has_the_same_prediction(name):
+    from shardscope.cost.price import price_plan
+    from shardscope.plan.json import plan_from_json
+    from shardscope.predict.plan import predicted_plan
+
+    plan = plan_from_json((_ROOT / name).read_text(), name)
+    renamed = _renamed_tensors(plan)
+    names = {part for path, _ in plan.tensors for part in path.split("/")[1:]}
+    assert not names & {part for path, _ in renamed.tensors for part in path.split("/")[1:]}
+    predicted, predicted_renamed = predicted_plan(plan), predicted_plan(renamed)
+    assert predicted.collectives and predicted.work
+    # The same work bins and collectives (op, mesh axes, shape, dtype, bytes, count, loop trips, pass); only
+    # the names of what they come from differ, and so the order the rows are listed in (by their sources).
+    assert sorted(map(repr, predicted_renamed.work)) == sorted(map(repr, predicted.work))
+    assert predicted_renamed.compute == predicted.compute
+    assert sorted(repr(_unnamed(row)) for row in predicted_renamed.collectives) == sorted(
+        repr(_unnamed(row)) for row in predicted.collectives
+    )
+    expected = price_plan(predicted, "v5p").estimate
+    assert expected is not None and expected.expected
+    assert price_plan(predicted_renamed, "v5p").estimate.expected == pytest.approx(expected.expected, rel=1e-12)

@@ -1,10 +1,11 @@
 """The activations' collectives: tensor parallelism's partial sums and gathers.
 
 Tensor parallelism keeps a weight split over axes that do not split the tokens. Where such an axis splits
-the dimensions a matmul contracts (the input features of an output projection: attention's `out`, the
-MLP's `wo`), each device's output is a partial sum, added over the axis in the forward pass (and again in
-the remat's recompute); where it splits only the output features (`wi`, `query`), the forward output stays
-split and the backward pass's input gradient is the partial sum. Either sum moves the tokens a device holds
+the dimensions a matmul contracts (the input features of an output projection, attention's or the MLP's:
+its last dimension is the model's width), each device's output is a partial sum, added over the axis in the
+forward pass (and again in the remat's recompute); where it splits only the output features (the MLP's
+input projections, the query's), the forward output stays split and the backward pass's input gradient is
+the partial sum. Either sum moves the tokens a device holds
 times the features on the other side, in the activations' dtype.
 """
 
@@ -22,6 +23,7 @@ from shardscope.predict.layout import (
     layer_row,
     mesh_sizes,
 )
+from shardscope.predict.roles import residual_stream
 
 _REMAT_FORWARD = 1  # the recompute runs the forward sums once more
 
@@ -49,8 +51,9 @@ def tensor_parallel_sums(
     plan: Plan, every: tuple[Weight, ...], tokens: int, dtype: str, remat: bool
 ) -> tuple[CollectiveRow, ...]:
     """Tensor parallelism's activation collectives (see the module doc). An output projection's partial
-    output is summed per weight, and so is an input gradient; the projections that share an input (query,
-    key and value; `wi_0` and `wi_1`) share its gather where the residual stream is split, once per group."""
+    output is summed per weight, and so is an input gradient; the projections that share an input (those of
+    one module: query, key and value; an MLP's two input projections) share its gather where the residual
+    stream is split, once per group."""
     rows: list[CollectiveRow] = []
     groups: dict[tuple[str, tuple[str, ...], int], Weight] = {}
     sizes = mesh_sizes(plan)
@@ -88,8 +91,7 @@ def tensor_parallel_sums(
 def _residual_split(plan: Plan, weight: Weight) -> set[str]:
     """The axes that split the features of the residual stream entering the weight's layer (MaxText's
     `activation_embed` rule): where they split it, a projection gathers its input over them first."""
-    stack = "/".join(weight.module.split("/")[:2])
-    inputs = plan.tensor_map.get(f"activations/{stack}/inputs")
+    inputs = residual_stream(plan, "/".join(weight.module.split("/")[:2]))
     if inputs is None or not inputs.spec:
         return set()
     return set(entry_axes(inputs.spec[-1]))

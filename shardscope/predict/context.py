@@ -20,10 +20,7 @@ from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, TensorRecord
 from shardscope.predict.layout import Weight, collective_row, in_mesh_order, mesh_sizes, stack_of
-
-_QUERY = "/self_attention/query"
-_GRADIENTS = ("query", "key", "value")
-_INPUTS = "inputs_q"
+from shardscope.predict.roles import Attention
 
 
 def _length_axes(plan: Plan, record: TensorRecord) -> tuple[str, ...]:
@@ -37,23 +34,22 @@ def _whole(record: TensorRecord, ways: int) -> tuple[int, ...]:
 
 
 def context_attention(
-    plan: Plan, every: tuple[Weight, ...], remat: bool, operand: Callable[[str], str] = str, flash: bool = False
+    plan: Plan,
+    every: tuple[Weight, ...],
+    blocks: tuple[Attention, ...],
+    remat: bool,
+    operand: Callable[[str], str] = str,
+    flash: bool = False,
 ) -> tuple[CollectiveRow, ...]:
     """Every attention block's context-parallel collectives (see the module doc). `operand`: the dtype a
     matmul operand moves as (the gathered keys and values feed the score and value matmuls). `flash`: the
     attention runs as the splash kernel on a TPU, or as its stand-in elsewhere, both with each device's
     queries against the keys and values gathered in a shard_map: the query, key and value gradients stay
     split, none is gathered."""
-    tensors = plan.tensor_map
     sizes = mesh_sizes(plan)
     rows: list[CollectiveRow] = []
-    for path, _ in plan.tensors:
-        if not path.endswith(_QUERY):
-            continue
-        module = path.removeprefix("activations/").removesuffix("/query")
-        key = tensors.get(f"activations/{module}/key")
-        if key is None:
-            continue
+    for block in blocks:
+        module, key = block.module, block.key[1]
         axes = _length_axes(plan, key)
         if not axes:
             continue
@@ -62,25 +58,21 @@ def context_attention(
         count, trips = (stack.per_trip, stack.loop_trips) if stack is not None else (1, 1)
         wanted: list[tuple[str, str, str, str, tuple[int, ...]]] = []
         gathers = ("forward", "backward") if remat else ("forward",)
-        for name in ("key", "value"):
-            record = tensors.get(f"activations/{module}/{name}")
-            if record is not None and _length_axes(plan, record) == axes:
+        for path, record in (block.key, block.value):
+            if _length_axes(plan, record) == axes:
                 whole = _whole(record, ways)
-                wanted += [("all-gather", p, name, operand(record.dtype), whole) for p in gathers]
+                wanted += [("all-gather", p, path, operand(record.dtype), whole) for p in gathers]
                 # Every query's contribution to the whole keys' (values') gradient, summed back to its shard.
-                wanted.append(("reduce-scatter", "backward", name, record.dtype, whole))
-        for name in () if flash else _GRADIENTS:
-            record = tensors.get(f"activations/{module}/{name}")
-            if record is not None and _length_axes(plan, record) == axes:
-                wanted.append(("all-gather", "backward", name, record.dtype, _whole(record, ways)))
-        inputs = tensors.get(f"activations/{module}/{_INPUTS}")
-        if inputs is not None and not set(axes) & set(_length_axes(plan, inputs)):
+                wanted.append(("reduce-scatter", "backward", path, record.dtype, whole))
+        for path, record in () if flash else (block.query, block.key, block.value):
+            if _length_axes(plan, record) == axes:
+                wanted.append(("all-gather", "backward", path, record.dtype, _whole(record, ways)))
+        if block.inputs is not None and not set(axes) & set(_length_axes(plan, block.inputs[1])):
             # Read whole: its shard already has the whole length.
+            path, inputs = block.inputs
             read = inputs.shard_shape
-            wanted += [("all-gather", p, _INPUTS, inputs.dtype, read) for p in (*gathers, "backward")]
-        for op, pass_, name, dtype, shape in wanted:
-            cause = Cause(
-                tensors=(f"activations/{module}/{name}",), consumer=f"{module}/attention", line=None, rules=()
-            )
+            wanted += [("all-gather", p, path, inputs.dtype, read) for p in (*gathers, "backward")]
+        for op, pass_, path, dtype, shape in wanted:
+            cause = Cause(tensors=(path,), consumer=f"{module}/attention", line=None, rules=())
             rows.append(collective_row(op, axes, shape, dtype, pass_, module, cause, count, trips))
     return tuple(rows)

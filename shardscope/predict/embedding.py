@@ -32,20 +32,20 @@ from shardscope.case.rules import entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow
 from shardscope.predict.layout import (
-    LOOKUP_TABLE_LEAF,
     collective_row,
     in_mesh_order,
     mesh_sizes,
     moved_dtype,
     nbytes,
 )
+from shardscope.predict.roles import lookup_table, module_of
 
 _IDS_DTYPE = "int32"
-_SOURCE = "token_embedder"
 
 
 def _row(op: str, axes: tuple[str, ...], shape: tuple[int, ...], dtype: str, pass_: str, cause: Cause) -> CollectiveRow:
-    return collective_row(op, axes, shape, dtype, pass_, _SOURCE, cause)
+    # Named after the table's module, as a compiled row is after the lookup's.
+    return collective_row(op, axes, shape, dtype, pass_, cause.consumer.rsplit("/", 1)[0], cause)
 
 
 def _id_axes(plan: Plan, batch: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -85,10 +85,7 @@ def _replicated_lookup(
 def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[str, ...]) -> tuple[CollectiveRow, ...]:
     """The lookup's collectives (see the module doc); () without a split table. `tokens`: a device's tokens;
     `batch`: the token axes."""
-    found = next(
-        ((path, r) for path, r in plan.tensors if r.kind == "param" and path.rsplit("/", 1)[-1] == LOOKUP_TABLE_LEAF),
-        None,
-    )
+    found = lookup_table(plan)
     if found is None or case is None:
         return ()
     path, table = found
@@ -99,8 +96,9 @@ def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[
     embed_axes = in_mesh_order(plan, set(entry_axes(table.spec[1])))
     vocab, embed = table.shape
     moved = moved_dtype(table.dtype, case)
-    cause = Cause(tensors=(path,), consumer="token_embedder/gather", line=None, rules=())
-    grad = Cause(tensors=(f"grads/{path}",), consumer="token_embedder/scatter-add", line=None, rules=())
+    module = module_of(path)
+    cause = Cause(tensors=(path,), consumer=f"{module}/gather", line=None, rules=())
+    grad = Cause(tensors=(f"grads/{path}",), consumer=f"{module}/scatter-add", line=None, rules=())
     rows: list[CollectiveRow] = []
     if vocab_axes:
         # A vocabulary split: each device's slice of the table is gathered over it, and its gradient summed.

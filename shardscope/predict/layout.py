@@ -8,6 +8,7 @@ experts, not the experts to the tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -15,12 +16,26 @@ from shardscope.case.resolve import Case, resolve_case
 from shardscope.case.rules import entry_axes
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
-from shardscope.plan.records import Cause, CollectiveRow, TensorRecord, expert_dim, is_routed_expert, is_stack_name
+from shardscope.plan.records import (
+    Cause,
+    CollectiveRow,
+    TensorRecord,
+    expert_dim,
+    is_lookup_table,
+    is_routed_expert,
+    is_stack_name,
+)
+from shardscope.predict.roles import (
+    Attention,
+    attention_blocks,
+    attention_modules,
+    checkpoint_names,
+    expert_layout,
+    module_of,
+)
 
 _TOKEN_INPUT = "inputs/tokens"
-# Flax's `nn.Embed` table: read by a gather of the looked-up rows, never gathered whole nor all-reduced (the
-# compiled goldens move the token ids and the looked-up rows instead: activation traffic, not predicted).
-LOOKUP_TABLE_LEAF = "embedding"
+
 # Activation dimensions that split the tokens: a weight used by split tokens is gathered whole over those axes
 # (FSDP), and its gradient is partial per device and summed over them.
 _TOKEN_WORDS = ("batch", "length")
@@ -46,6 +61,12 @@ class Weight:
     invariant: bool = False
     # Layers of the stack this device holds (a pipeline stage's: every visit's).
     held_layers: int = 1
+    # The name its matmul's output carries for the remat policies (`roles.CHECKPOINTS`; None: none).
+    checkpoint: str | None = None
+    # A projection of an attention block (in a submodule of the block's).
+    in_attention: bool = False
+    # The activation it multiplies where the plan records it: an attention projection's block input.
+    reads: TensorRecord | None = None
 
     @property
     def stacked(self) -> bool:
@@ -164,14 +185,6 @@ def token_axes(plan: Plan) -> tuple[str, ...]:
     return in_mesh_order(plan, found)
 
 
-def _placed(plan: Plan, path: str) -> TensorRecord | None:
-    """The layout the MoE body uses an expert weight in, as the plan records it (`activations/<module>/w0_kernel`
-    for `wi_0`, `w1_kernel` for `wi_1`, `wo_kernel` for `wo`): its spec names the axes that stay split."""
-    module, leaf = path.removeprefix("params/").rsplit("/", 1)
-    name = {"wi_0": "w0_kernel", "wi_1": "w1_kernel", "wo": "wo_kernel"}.get(leaf)
-    return None if name is None else plan.tensor_map.get(f"activations/{module}/{name}")
-
-
 def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...], case: Case | None = None) -> Weight:
     """The per-layer view of one parameter. Over the token axes it is gathered; over other axes (tensor
     parallelism) it stays split, as do expert dimensions: from the recorded MoE layout where there is one."""
@@ -197,7 +210,9 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
         dim_kept = axes if routed and index == expert_dim(record) else axes - set(tokens)
         kept |= dim_kept
         layer_shape.append(size if not dim_kept else local if dim_kept == axes else -1)
-    placed = _placed(plan, path) if routed else None
+    # The layout the MoE body uses an expert weight in, as the plan records it: its spec names the axes that
+    # stay split.
+    placed = expert_layout(plan, module_of(path), record) if routed else None
     if placed is not None and len(placed.shape) == len(layer_shape):
         kept = {axis for entry in placed.spec for axis in entry_axes(entry)}
         layer_shape = list(placed.shard_shape)
@@ -212,7 +227,7 @@ def weight(plan: Plan, path: str, record: TensorRecord, tokens: tuple[str, ...],
     pipeline = case.preset.pipeline if case is not None and stack else None
     return Weight(
         path=path,
-        module=path.removeprefix("params/").rsplit("/", 1)[0],
+        module=module_of(path),
         record=record,
         loop_trips=trips,
         per_trip=per_trip,
@@ -255,6 +270,12 @@ def feature_dims(weight: Weight) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return dims[:1], dims[1:]
 
 
+def is_output_projection(weight: Weight) -> bool:
+    """Whether the weight is an output projection: its last dimension is the model's width (`feature_dims`)."""
+    logical = [n for n in (weight.record.logical or ()) if not is_stack_name(n)]
+    return bool(logical) and logical[-1] is not None and "embed" in logical[-1] and len(weight.layer_shape) > 1
+
+
 def stack_of(module: str, every: tuple[Weight, ...]) -> Weight | None:
     """A weight of the layer stack `module` belongs to (its loop trips and pipeline stages)."""
     for weight in every:
@@ -268,15 +289,42 @@ def stack_of(module: str, every: tuple[Weight, ...]) -> Weight | None:
     return None
 
 
-def weights(plan: Plan, case: Case | None = None, tokens: tuple[str, ...] | None = None) -> tuple[Weight, ...]:
-    """Every parameter of the plan but lookup tables, in path order (`case`: the plan's, resolved, for
-    its pipeline; `tokens`: its `token_axes` when known)."""
+def weights(
+    plan: Plan,
+    case: Case | None = None,
+    tokens: tuple[str, ...] | None = None,
+    blocks: tuple[Attention, ...] | None = None,
+) -> tuple[Weight, ...]:
+    """Every parameter of the plan but lookup tables (read by a gather of the looked-up rows, never gathered
+    whole nor all-reduced: `predict.embedding`), in the plan's order (`case`: the plan's, resolved, for its
+    pipeline; `tokens`: its `token_axes` when known; `blocks`: its `attention`, when known); with what each
+    is to its block (`predict.roles`)."""
     tokens = token_axes(plan) if tokens is None else tokens
-    return tuple(
-        weight(plan, path, record, tokens, case)
-        for path, record in plan.tensors
-        if record.kind == "param" and path.rsplit("/", 1)[-1] != LOOKUP_TABLE_LEAF
-    )
+    params = parameters(plan)
+    names = checkpoint_names([(path, r) for path, r in params if not is_routed_expert(path, r)])
+    modules = sorted(attention_modules(params))
+    blocks = attention_blocks(plan, params) if blocks is None else blocks
+    inputs = {block.module: block.inputs for block in blocks}
+    found = []
+    for path, record in params:
+        block = next((b for b in modules if module_of(path).startswith(b + "/")), None)
+        # An attention projection that multiplies the block's input (its first dimension the model width).
+        logical = [n for n in record.logical or () if not is_stack_name(n)]
+        reads = inputs.get(block) if block is not None and logical[:1] == ["embed"] else None
+        found.append(
+            dataclasses.replace(
+                weight(plan, path, record, tokens, case),
+                checkpoint=names.get(path),
+                in_attention=block is not None,
+                reads=reads[1] if reads is not None else None,
+            )
+        )
+    return tuple(found)
+
+
+def parameters(plan: Plan) -> list[tuple[str, TensorRecord]]:
+    """The plan's parameters but lookup tables, in its order."""
+    return [(path, r) for path, r in plan.tensors if r.kind == "param" and not is_lookup_table(r)]
 
 
 def nbytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -296,6 +344,7 @@ class Placement:
     weights: tuple[Weight, ...]
     tokens: int  # `device_tokens`
     micro_tokens: int  # `microbatch_tokens` (= tokens outside pipelines)
+    attention: tuple[Attention, ...] = ()  # `roles.attention_blocks`
 
 
 def placement_of(plan: Plan, case: Case | None = None) -> Placement:
@@ -303,8 +352,9 @@ def placement_of(plan: Plan, case: Case | None = None) -> Placement:
     case = case if case is not None else resolved(plan)
     batch = token_axes(plan)
     tokens = device_tokens(plan)
-    every = weights(plan, case, batch)
-    return Placement(case, batch, every, tokens, microbatch_tokens(case, tokens, mesh_sizes(plan), batch))
+    blocks = attention_blocks(plan, parameters(plan))
+    every = weights(plan, case, batch, blocks)
+    return Placement(case, batch, every, tokens, microbatch_tokens(case, tokens, mesh_sizes(plan), batch), blocks)
 
 
 def collective_row(

@@ -18,7 +18,15 @@ from shardscope.case.resolve import Case
 from shardscope.case.rules import Rule, entry_axes
 from shardscope.plan.document import Plan
 from shardscope.plan.records import Cause, CollectiveRow, TensorRecord, expert_dim
-from shardscope.predict.layout import Weight, capacity, in_mesh_order, layer_row, sequence_length
+from shardscope.predict.layout import (
+    Weight,
+    capacity,
+    in_mesh_order,
+    is_output_projection,
+    layer_row,
+    sequence_length,
+)
+from shardscope.predict.roles import block_input, embed_width, expert_layout
 from shardscope.predict.rules import rules_on
 
 
@@ -38,11 +46,12 @@ def _blocks(plan: Plan, experts: tuple[Weight, ...]) -> list[_Block]:
     """Each MoE block with its recorded inputs, in module order."""
     found = []
     for module in sorted({w.module for w in experts}):
-        inputs_path = f"activations/{module}/inputs"
-        inputs = plan.tensor_map.get(inputs_path)
-        if inputs is None:
-            continue
         weight = next(w for w in experts if w.module == module)
+        width = embed_width(weight.record)
+        recorded = block_input(plan, module, width) if width is not None else None
+        if recorded is None:
+            continue
+        inputs_path, inputs = recorded
         split = frozenset(axis for entry in inputs.spec[:-1] for axis in entry_axes(entry))
         found.append(_Block(module, weight, inputs_path, inputs, split, math.prod(inputs.shard_shape[:-1])))
     return found
@@ -113,26 +122,25 @@ def expert_partial_sums(
     plan: Plan, experts: tuple[Weight, ...], remat: bool, slots_of: Callable[[Weight], int]
 ) -> tuple[CollectiveRow, ...]:
     """The sums of each MoE block's slot outputs over the axes that split the experts' hidden dimension
-    (tensor parallelism inside the experts): each device's `wo` contracts only its share of the hidden
-    features, so the slots [local experts, slots, embed] are summed over those axes in the forward pass; in
-    the backward pass the input gradient of `wi_0`/`wi_1` is partial too (and the remat sums once more).
+    (tensor parallelism inside the experts): each device's output projection contracts only its share of the
+    hidden features, so the slots [local experts, slots, embed] are summed over those axes in the forward
+    pass; in the backward pass the input gradient of the input projections is partial too (and the remat
+    sums once more).
     `slots_of`: the slots each local expert runs on (`predict.work`)."""
     rows: list[CollectiveRow] = []
     for weight in experts:
-        if not weight.path.endswith("/wo") or len(weight.layer_shape) < 3:
+        if not is_output_projection(weight) or len(weight.layer_shape) < 3:
             continue
-        placed = plan.tensor_map.get(f"activations/{weight.module}/wo_kernel")
+        placed = expert_layout(plan, weight.module, weight.record)
         spec = placed.spec if placed is not None and len(placed.spec) == 3 else None
         hidden = set(entry_axes(spec[1])) if spec is not None else set()
         axes = in_mesh_order(plan, hidden)
         if not axes:
             continue
         shape = (weight.layer_shape[0], slots_of(weight), weight.layer_shape[-1])
-        dtype = (
-            plan.tensor_map[f"activations/{weight.module}/inputs"].dtype
-            if f"activations/{weight.module}/inputs" in plan.tensor_map
-            else weight.record.dtype
-        )
+        width = embed_width(weight.record)
+        inputs = block_input(plan, weight.module, width) if width is not None else None
+        dtype = inputs[1].dtype if inputs is not None else weight.record.dtype
         cause = Cause(tensors=(weight.path,), consumer=f"{weight.module}/psum", line=None, rules=())
         backward = 2 + (1 if remat else 0)
         for pass_, count in (("forward", 1), ("backward", backward)):

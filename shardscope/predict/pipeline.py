@@ -22,7 +22,6 @@ all-to-alls over the batch axes that split the batch into contiguous microbatche
 from __future__ import annotations
 
 import math
-import re
 
 from shardscope.case.resolve import Case
 from shardscope.case.rules import entry_axes
@@ -103,9 +102,19 @@ def pipeline_collectives(
 
 
 def _layers_per_visit(every: tuple[Weight, ...]) -> int:
-    """How many layers a stage runs per visit: its weights sit under `layers_0`, `layers_1`, … when more than one."""
-    names = {part for w in every if w.stack_axes for part in w.module.split("/") if re.fullmatch(r"layers_\d+", part)}
-    return max(1, len(names))
+    """How many layers a stage runs per visit: as many as the copies of one layer its weights form (the
+    modules at one depth of the stage's weights' paths, each holding the same weights, as tensors, below it;
+    1 where there are no such copies)."""
+    staged = [(w.module.split("/"), w.record) for w in every if w.stack_axes]
+    found = 1
+    for depth in range(min((len(parts) for parts, _ in staged), default=0)):
+        copies: dict[str, set[tuple[object, ...]]] = {}
+        for parts, record in staged:
+            below = (*parts[:depth], *parts[depth + 1 :], record.shape, record.logical, record.spec, record.dtype)
+            copies.setdefault(parts[depth], set()).add(below)
+        if len(copies) > 1 and all(held == next(iter(copies.values())) for held in copies.values()):
+            found = max(found, len(copies))
+    return found
 
 
 def _weight_edge(plan: Plan, weight: Weight, sizes: dict[str, int], once: tuple[str, ...]) -> list[CollectiveRow]:

@@ -26,7 +26,6 @@ from shardscope.predict.work import expert_slots, kept_outputs, predicted_work, 
 PREDICTED = "predicted"  # the provenance key a predicted plan carries (value True)
 PREDICTED_PARTS = ("tensors", "collectives")
 _PASS_ORDER = {"forward": 0, "backward": 1, "optimizer": 2, "other": 3}
-_ATTENTION = "/self_attention/"  # in the module path of an attention block's projections
 
 
 def remat_on(plan: Plan) -> bool:
@@ -86,7 +85,7 @@ def predict_collectives(
         # such projections: all of Mixtral's and DeepSeek's, Llama's query and key (its value and output
         # projections once: a scheduling choice not visible before compiling; counted twice).
         looped = weight.loop_trips > 1
-        twice = on_tpu and looped and _ATTENTION in weight.module and recomputed(weight, saved)
+        twice = on_tpu and looped and weight.in_attention and recomputed(weight, saved)
         rows.extend(weight_gathers(plan, weight, rules, remat, gathered, once, zero1, 2 if twice else 1))
         rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype, summed_once))
     if case is not None:
@@ -95,7 +94,7 @@ def predict_collectives(
     rows.extend(pipeline_collectives(plan, every, case, found.tokens, found.micro_tokens, batch))
     operand = dot_operand_dtype if on_tpu else str
     flash = case is not None and case.model.uses_flash_attention
-    rows.extend(context_attention(plan, every, remat, operand, flash))
+    rows.extend(context_attention(plan, every, found.attention, remat, operand, flash))
     experts = tuple(w for w in every if w.is_expert)
     if preset_moe(plan) == "all_to_all":
         rows.extend(moe_exchanges(plan, experts, rules, remat, case, operand))

@@ -148,25 +148,12 @@ def gradient_sum(
     )
 
 
-# An attention projection's input, as the attention block records it: queries read `inputs_q`, keys and
-# values (and DeepSeek's compressed projections of each) `inputs_kv`.
-_ATTENTION_INPUTS = {
-    "query": "inputs_q",
-    "wq_a": "inputs_q",
-    "key": "inputs_kv",
-    "value": "inputs_kv",
-    "wkv_a": "inputs_kv",
-}
-
-
 def input_token_axes(plan: Plan, weight: Weight, batch: tuple[str, ...]) -> set[str]:
     """The axes that split the tokens of the weight's input where the layer uses it: an attention block may
     gather its input whole over some token axes (context parallelism whose attention reads whole
     sequences), and then each device's gradient of its projections covers those axes' tokens already.
-    The batch axes where the input is not recorded."""
-    parent, name = weight.module.rsplit("/", 1) if "/" in weight.module else ("", weight.module)
-    leaf = _ATTENTION_INPUTS.get(name)
-    record = plan.tensor_map.get(f"activations/{parent}/{leaf}") if leaf is not None else None
+    The batch axes where the input is not recorded (`Weight.reads`)."""
+    record = weight.reads
     if record is None:
         return set(batch)
     return {axis for entry in record.spec[:-1] for axis in entry_axes(entry)}

@@ -36,19 +36,21 @@ from shardscope.case.rules import entry_axes
 from shardscope.hlo.attention_kernels import causal_block_fraction
 from shardscope.hlo.profile import WorkBin, WorkKind
 from shardscope.plan.document import Plan
-from shardscope.plan.records import is_stack_name
+from shardscope.plan.records import TensorRecord, is_stack_name
 from shardscope.predict.layout import (
     Placement,
     Weight,
     capacity,
     dense_dispatch,
     feature_dims,
+    is_output_projection,
     mesh_sizes,
     nbytes,
     placement_of,
     sequence_length,
     stack_of,
 )
+from shardscope.predict.roles import Attention, block_input, embed_width
 
 # HBM passes over a MoE block's slots per forward pass. As written there are four (the tokens read by the
 # gather that fills them, the slots written, read by the expert matmuls, the outputs' slots read back by the
@@ -63,19 +65,6 @@ _DISPATCH_PASSES = 10
 # with `_DISPATCH_PASSES`: 1.2, the 0.6 of a naive count at which the CPU route prices its other
 # elementwise bytes.
 _ELEMENTWISE_PASSES = 1.2
-# The name each projection's output carries for the remat policies (reference_models: checkpoint_name).
-_CHECKPOINT_NAMES = {
-    "query": "query_proj",
-    "key": "key_proj",
-    "value": "value_proj",
-    "out": "out_proj",
-    "wi_0": "mlpwi_0",
-    "wi_1": "mlpwi_1",
-    "wo": "mlpwo",
-    "wq_a": "query_wa_proj",
-    "wkv_a": "kv_wa_proj",
-}
-_ATTENTION_QUERY = "/self_attention/query"
 
 
 @dataclass(frozen=True)
@@ -99,9 +88,16 @@ def _bubble(case: Case | None, weight: Weight, tokens: int, micro_tokens: int) -
     return weight.per_trip * micro_tokens / max(1, tokens)
 
 
+def moe_input(plan: Plan, weight: Weight) -> TensorRecord | None:
+    """The tokens entering an expert weight's MoE block, as the block records them (`roles.block_input`)."""
+    width = embed_width(weight.record)
+    found = block_input(plan, weight.module, width) if width is not None else None
+    return found[1] if found is not None else None
+
+
 def expert_slots(plan: Plan, weight: Weight, case: Case | None, fallback: int) -> int:
     """Slots each local expert runs on: the capacity of a device's tokens, from every peer that sends them."""
-    inputs = plan.tensor_map.get(f"activations/{weight.module}/inputs")
+    inputs = moe_input(plan, weight)
     local = math.prod(inputs.shard_shape[:-1]) if inputs is not None else fallback
     split = {axis for entry in (inputs.spec[:-1] if inputs is not None else ()) for axis in entry_axes(entry)}
     sizes = mesh_sizes(plan)
@@ -132,10 +128,11 @@ def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micr
         features = math.prod(shape[d] for d in inputs) + math.prod(shape[d] for d in outputs)
         io = tokens * features * itemsize if shape else 0
     weight_bytes = nbytes(shape, weight.record.dtype)
-    # An output projection whose result only joins the residual stream (attention's `out`, a dense MLP's
-    # `wo`) is not run again: the gradients need its input, not its output, so the compiler drops it from
-    # the rematerialised forward pass (an expert's `wo` is needed: the combine weights its output).
-    feeds_residual = weight.module.rsplit("/", 1)[-1] in ("out", "wo") and not weight.is_expert
+    # An output projection (`layout.is_output_projection`) whose result only joins the residual stream
+    # (attention's, a dense MLP's) is not run again: the gradients need its input, not its output, so the
+    # compiler drops it from the rematerialised forward pass (an expert's is needed: the combine weights its
+    # output).
+    feeds_residual = is_output_projection(weight) and not weight.is_expert
     # Remat recomputes the layer stacks only; a tiled loss (MaxText's num_vocab_tiling) recomputes the output
     # head's logits chunk by chunk in its backward pass.
     again = weight.stacked and recomputed(weight, saved) and not feeds_residual
@@ -144,10 +141,9 @@ def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micr
 
 
 def recomputed(weight: Weight, saved: frozenset[str]) -> bool:
-    """Whether the backward pass runs the weight's matmul again: its output's checkpoint name is not among
-    those the remat policy keeps (`kept_outputs`)."""
-    leaf = weight.module.rsplit("/", 1)[-1]
-    return _CHECKPOINT_NAMES.get(leaf, "") not in saved
+    """Whether the backward pass runs the weight's matmul again: its output's checkpoint name
+    (`Weight.checkpoint`) is not among those the remat policy keeps (`kept_outputs`)."""
+    return weight.checkpoint is None or weight.checkpoint not in saved
 
 
 def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
@@ -156,9 +152,11 @@ def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: 
     MaxText's dense MoE, two one-hot matmuls instead (`_dense_dispatch`)."""
     itemsize = _activation_itemsize(case)
     uses: list[_Use] = []
+    blocks: set[str] = set()
     for weight in every:
-        if not weight.is_expert or not weight.path.endswith("/wi_0"):
-            continue  # one per block: its first expert weight
+        if not weight.is_expert or is_output_projection(weight) or weight.module in blocks:
+            continue  # one per block: an expert input projection [experts, model width, hidden]
+        blocks.add(weight.module)
         slots = expert_slots(plan, weight, case, tokens)
         embed = weight.layer_shape[1] if len(weight.layer_shape) >= 3 else 1
         slot_bytes = weight.layer_shape[0] * slots * embed * itemsize
@@ -178,7 +176,7 @@ def _dense_dispatch(
     experts × capacity × embed FLOPs; their masks [batch, seq, experts, capacity] in the activations' dtype.
     The backward pass, recomputed forward included, runs twice their forward FLOPs (the compiled programs':
     the masks need no gradient but the combine's routing weights do)."""
-    inputs = plan.tensor_map.get(f"activations/{weight.module}/inputs")
+    inputs = moe_input(plan, weight)
     seq = sequence_length(inputs)
     if inputs is None or seq is None or case is None:
         return []
@@ -200,23 +198,21 @@ def _dense_dispatch(
 _KERNEL_BACKWARD = {False: 7 / 2, True: 5 / 2}
 
 
-def _attention_uses(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, kept: bool) -> list[_Use]:
+def _attention_uses(
+    blocks: tuple[Attention, ...], every: tuple[Weight, ...], case: Case | None, tokens: int, kept: bool
+) -> list[_Use]:
     """Scores and weighted values of each attention block whose query, key and value the plan records: under
     a flash kernel (`flash_kernel`), its causal block grid's work, with the kernel's backward."""
-    tensors = plan.tensor_map
     kernel = flash_kernel(case)
     uses: list[_Use] = []
-    for path, query in plan.tensors:
-        if query.kind != "activation" or not path.endswith(_ATTENTION_QUERY) or len(query.shard_shape) != 4:
-            continue
-        module = path.removeprefix("activations/").removesuffix("/query")
-        key, value = tensors.get(f"activations/{module}/key"), tensors.get(f"activations/{module}/value")
-        if key is None or value is None or len(key.shape) != 4 or len(value.shape) != 4:
+    for block in blocks:
+        module, query, key, value = block.module, block.query[1], block.key[1], block.value[1]
+        if len(query.shard_shape) != 4:
             continue
         batch, length, heads, qk = query.shard_shape
         keys = key.shape[1]  # every key: a query shard attends to the whole sequence
-        blocks = max(1, keys // max(1, min(kernel.attention_block, keys))) if kernel is not None else 0
-        pairs = batch * length * heads * keys * (causal_block_fraction(blocks) if kernel is not None else 1.0)
+        grid = max(1, keys // max(1, min(kernel.attention_block, keys))) if kernel is not None else 0
+        pairs = batch * length * heads * keys * (causal_block_fraction(grid) if kernel is not None else 1.0)
         flops = 2.0 * pairs * (qk + value.shape[-1])
         # Scores are not written to HBM by a kernel; the stand-in (dot_product) writes and reads them.
         score_bytes = 0.0 if kernel is not None else pairs * nbytes((1,), query.dtype) * 2
@@ -303,7 +299,7 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     matrices = [w for w in every if not _is_vector(w)]
     experts = [w for w in matrices if grouped and w.is_expert]
     matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
-    attention = _attention_uses(plan, every, case, tokens, "context" in saved)
+    attention = _attention_uses(found.attention, every, case, tokens, "context" in saved)
     # A flash kernel keeps its scores on chip: priced as the kernel (its FLOPs at the kernel's efficiency, as
     # a compiled plan's kernel ops are), a plain attention as the matmuls it is.
     flash = flash_kernel(case) is not None

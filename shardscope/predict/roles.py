@@ -1,0 +1,247 @@
+"""What a plan's tensors are to the prediction, read from their kinds, logical axes, shapes and placements.
+
+Never from the names in their paths: any program is priced alike, whatever it calls its modules and
+parameters. Paths are read for their structure only: the activations an attention or MoE block records
+lie in the module of its weights (`activations/<module>/…` beside `params/<module>/…`), and a layer's in
+the first two parts of the module path (the stack's).
+
+- the token ids: the integer input whose logical axes are (batch, length);
+- the lookup table: the parameter [vocab, model width] (`plan.records.is_lookup_table`);
+- an attention block: the module of the weights with head dimensions (`q_heads`, `kv_heads`, `heads`),
+  whose query [batch, length, query heads, query head size], key [… key heads, query head size] and value
+  [… key heads, value head size] are the activations laid out on the key/value heads (`activation_kv_heads`)
+  with the head counts and sizes its weights give: the query projection's heads and head size, the key
+  projection's heads, the output projection's head size;
+- a block's input: the activation [batch, length, model width] it records;
+- an expert weight's layout in the MoE body: the activation of the weight's own per-layer shape, recorded in
+  its module, that splits each dimension on axes the stored weight splits it on too;
+- the residual stream entering a layer: its activations on `activation_embed`;
+- the name a projection's output carries for the remat policies, by its logical axes (`CHECKPOINTS`).
+
+Where several tensors fit a role they have the same logical axes and shape, so the same placement, and any
+of them gives the same numbers: the one chosen is the least by its record, then the first in the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from shardscope.case.rules import SpecEntry, entry_axes
+from shardscope.plan.document import Plan
+from shardscope.plan.records import TensorRecord, is_lookup_table, is_stack_name
+
+Named = tuple[str, TensorRecord]
+
+# The names MaxText's layers give a projection's output (`checkpoint_name`), which the remat policies keep
+# or recompute, by the projection's logical axes (stack dimensions left out). Where a block has several
+# projections of the same axes (the key and value projections, an MLP's two input projections), they are
+# the same matmul on the same input, and each takes the next name.
+CHECKPOINTS: dict[tuple[str | None, ...], tuple[str, ...]] = {
+    ("embed", "q_heads", "kv"): ("query_proj",),
+    ("embed", "kv_heads", "kv_head_dim"): ("key_proj", "value_proj"),
+    ("heads", "kv", "embed"): ("out_proj",),
+    ("embed", "mlp"): ("mlpwi_0", "mlpwi_1"),
+    ("mlp", "embed"): ("mlpwo",),
+    ("embed", "q_lora_up_proj"): ("query_wa_proj",),
+    ("embed", "kv_lora_up_proj"): ("kv_wa_proj",),
+}
+_HEADS = ("q_heads", "kv_heads", "heads")
+_RESIDUAL = "activation_embed"  # the residual stream's width (MaxText's rule for it)
+
+# The activations by module of the last plan read (a prediction reads them once per weight).
+_INDEX: list[tuple[tuple[Named, ...], dict[str, list[Named]]]] = []
+
+
+def layer_logical(record: TensorRecord) -> tuple[str | None, ...]:
+    """The record's logical axes without its stack dimensions (() without logical axes)."""
+    return tuple(name for name in record.logical or () if not is_stack_name(name))
+
+
+def module_of(path: str) -> str:
+    """The module a tensor lies in: its path without its kind (the first part) and its leaf."""
+    return path.split("/", 1)[-1].rsplit("/", 1)[0]
+
+
+def recorded_in(plan: Plan, module: str) -> list[Named]:
+    """The activations recorded in `module` itself (not in its submodules), in the plan's order."""
+    if not _INDEX or _INDEX[0][0] is not plan.tensors:
+        index: dict[str, list[Named]] = {}
+        for path, record in plan.tensors:
+            if record.kind == "activation":
+                index.setdefault(module_of(path), []).append((path, record))
+        _INDEX[:] = [(plan.tensors, index)]
+    return _INDEX[0][1].get(module, [])
+
+
+def chosen(candidates: Iterable[Named]) -> Named | None:
+    """One of tensors that fit a role: the least by record (dtype, placement, logical axes), then the first."""
+    found = list(candidates)
+    if not found:
+        return None
+    return min(found, key=lambda named: (named[1].dtype, repr(named[1].spec), repr(named[1].logical)))
+
+
+def token_ids(plan: Plan) -> TensorRecord | None:
+    """The token ids: the integer input [batch, length] (the targets, when the plan records them too, are
+    placed alike)."""
+    found = chosen(
+        (path, record)
+        for path, record in plan.tensors
+        if record.kind == "input"
+        and record.dtype.startswith(("int", "uint"))
+        and record.logical is not None
+        and len(record.logical) == 2
+        and "batch" in (record.logical[0] or "")
+        and "length" in (record.logical[1] or "")
+    )
+    return found[1] if found is not None else None
+
+
+def lookup_table(plan: Plan) -> Named | None:
+    """The token embedding's table [vocab, model width], the first in the plan."""
+    return next(((path, record) for path, record in plan.tensors if is_lookup_table(record)), None)
+
+
+def _tokens_first(record: TensorRecord) -> bool:
+    """Whether an activation's first two dimensions are its batch and length."""
+    logical = record.logical or ()
+    return len(logical) >= 2 and "batch" in (logical[0] or "") and "length" in (logical[1] or "")
+
+
+def block_input(plan: Plan, module: str, width: int) -> Named | None:
+    """A block's input as it records it: an activation [batch, length, `width`] in `module`."""
+    return chosen(
+        (path, record)
+        for path, record in recorded_in(plan, module)
+        if len(record.shape) == 3 and _tokens_first(record) and record.shape[-1] == width
+    )
+
+
+def residual_stream(plan: Plan, stack: str) -> TensorRecord | None:
+    """The residual stream of the layers of `stack` (the first two parts of their modules' paths): an
+    activation [batch, length, model width] it records on `activation_embed`."""
+    found = chosen(
+        (path, record)
+        for path, record in recorded_in(plan, stack)
+        if len(record.shape) == 3 and _tokens_first(record) and (record.logical or ())[-1] == _RESIDUAL
+    )
+    return found[1] if found is not None else None
+
+
+def embed_width(record: TensorRecord) -> int | None:
+    """The size of a weight's model-width dimension (its logical name contains `embed`)."""
+    for name, size in zip(record.logical or (), record.shape, strict=False):
+        if name is not None and "embed" in name:
+            return size
+    return None
+
+
+def expert_layout(plan: Plan, module: str, record: TensorRecord) -> TensorRecord | None:
+    """The layout the MoE body uses an expert weight (of `module`) in: an activation of the weight's
+    per-layer shape recorded in its module (the body's constraint on it, no logical axes), whose spec splits
+    each dimension on axes the stored weight splits it on too."""
+    per_layer = [(size, entry) for size, entry, name in _dims(record) if not is_stack_name(name)]
+    shape = tuple(size for size, _ in per_layer)
+
+    def fits(placed: TensorRecord) -> bool:
+        return placed.shape == shape and all(
+            set(entry_axes(entry)) <= set(entry_axes(stored))
+            for entry, (_, stored) in zip(placed.spec, per_layer, strict=False)
+        )
+
+    found = chosen(
+        (path, placed) for path, placed in recorded_in(plan, module) if placed.logical is None and fits(placed)
+    )
+    return found[1] if found is not None else None
+
+
+def _dims(record: TensorRecord) -> list[tuple[int, SpecEntry, str | None]]:
+    logical: Sequence[str | None] = record.logical or (None,) * len(record.shape)
+    return list(zip(record.shape, record.spec, logical, strict=False))
+
+
+def checkpoint_names(weights: Sequence[Named]) -> dict[str, str]:
+    """Parameter path → the name its matmul's output carries for the remat policies (`CHECKPOINTS`), for
+    the projections of `weights` (the routed experts' left out: named inside the MoE body, not here)."""
+    names: dict[str, str] = {}
+    taken: dict[tuple[str, tuple[str | None, ...]], int] = {}
+    for path, record in weights:
+        logical = layer_logical(record)
+        candidates = CHECKPOINTS.get(logical)
+        if candidates is None:
+            continue
+        # The projection's module's parent: the block whose projections share the names.
+        key = (module_of(path).rsplit("/", 1)[0], logical)
+        index = taken.get(key, 0)
+        taken[key] = index + 1
+        if index < len(candidates):
+            names[path] = candidates[index]
+    return names
+
+
+def attention_modules(weights: Sequence[Named]) -> set[str]:
+    """The modules of the attention blocks: those of the weights with head dimensions (a block's
+    projections lie in its submodules, `<block>/<projection>/kernel`)."""
+    return {
+        module_of(path).rsplit("/", 1)[0]
+        for path, record in weights
+        if record.kind == "param" and any(name in _HEADS for name in layer_logical(record))
+    }
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention block's activations, as its weights' head counts and sizes pick them."""
+
+    module: str
+    query: Named
+    key: Named
+    value: Named
+    inputs: Named | None  # its input [batch, length, model width] where it records it
+
+
+def _size_after(record: TensorRecord, name: str, offset: int) -> int | None:
+    """The size of the layer dimension `offset` after the one named `name` (None without one)."""
+    layer = [(size, logical) for size, _, logical in _dims(record) if not is_stack_name(logical)]
+    names = [logical for _, logical in layer]
+    if name not in names or names.index(name) + offset >= len(layer):
+        return None
+    return layer[names.index(name) + offset][0]
+
+
+def _shaped(laid: list[Named], heads: tuple[int | None, int | None], *taken: Named | None) -> Named | None:
+    """The activation of `laid` with these (heads, head size), another than those `taken` where several fit
+    (the same numbers either way; the rows' causes name it)."""
+    fitting = [named for named in laid if named[1].shape[2:] == heads]
+    return chosen(named for named in fitting if named not in taken) or chosen(fitting)
+
+
+def attention_blocks(plan: Plan, weights: Sequence[Named]) -> tuple[Attention, ...]:
+    """Every attention block whose query, key and value the plan records (see the module doc), in module
+    order."""
+    blocks = []
+    for module in sorted(attention_modules(weights)):
+        inside = [record for path, record in weights if module_of(path).startswith(module + "/")]
+        query_heads = next((r for r in inside if "q_heads" in (r.logical or ())), None)
+        key_heads = next((r for r in inside if "kv_heads" in (r.logical or ())), None)
+        output = next((r for r in inside if "heads" in (r.logical or ())), None)
+        if query_heads is None or key_heads is None or output is None:
+            continue
+        heads, head_size = _size_after(query_heads, "q_heads", 0), _size_after(query_heads, "q_heads", 1)
+        kv_heads, value_size = _size_after(key_heads, "kv_heads", 0), _size_after(output, "heads", 1)
+        laid = [
+            (path, record)
+            for path, record in recorded_in(plan, module)
+            if len(record.shape) == 4 and (record.logical or (None,))[2:3] == ("activation_kv_heads",)
+        ]
+
+        key = _shaped(laid, (kv_heads, head_size))
+        query = _shaped(laid, (heads, head_size), key)
+        value = _shaped(laid, (kv_heads, value_size), key, query)
+        if query is None or key is None or value is None:
+            continue
+        width = embed_width(output)
+        inputs = block_input(plan, module, width) if width is not None else None
+        blocks.append(Attention(module, query, key, value, inputs))
+    return tuple(blocks)
