@@ -11,7 +11,11 @@ measured on every run at once, and the calibration (`calibrate.py`) reads the sa
   python benchmarks/published_runs.py --markdown       the same table in Markdown
   python benchmarks/published_runs.py --write          regenerate the validation page's figures and the README's
   python benchmarks/published_runs.py --check          exit 1 when either is stale
-  python benchmarks/published_runs.py --plan ID [...]  (re)plan runs (`all`: every plannable run), --route cpu|tpu
+  python benchmarks/published_runs.py --plan ID [...]  (re)plan runs (`all`: every plannable run), --route cpu|tpu|gpu
+
+Runs on NVIDIA GPU clusters (`route: gpu`) plan on their own cluster (`h200-32x8`: XLA's GPU compiler, no GPU
+needed) into `<id>.gpu.json`, are priced on their GPUs' published figures (uncalibrated) and show in the TPU
+route's column, marked "(GPU)"; they are validation runs, and the summary gives them a line of their own.
 
 The runs `fitting_set.yaml` names are what `calibrate.py` fits the constants of `hardware.yaml` to; every other
 run validates. Each error is expected / measured - 1.
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parent
 PLANS = ROOT / "plans"
 CATALOGUE = ROOT / "published_runs.yaml"
 ROUTES = ("tpu", "cpu")
+GPU = "gpu"  # a GPU cluster's run: its plan is `<id>.gpu.json`, priced on its own GPUs
 
 # Seed 003 (MaxText's explicit-sharding pipeline change, measured on v5p-8 by its author): not a catalogue
 # row, but a published measurement with its command line, used the same way (validation, never fitted).
@@ -103,6 +108,11 @@ def through_maxtext(run: dict[str, Any]) -> bool:
     return run.get("route") == "maxtext"
 
 
+def on_gpu(run: dict[str, Any]) -> bool:
+    """Whether a run is on an NVIDIA GPU cluster (`route: gpu`): planned and priced on that cluster."""
+    return run.get("route") == GPU
+
+
 def plannable(run: dict[str, Any]) -> str | None:
     """Why a run cannot be planned here, or None."""
     from reference_models import MODELS
@@ -164,7 +174,7 @@ def command_line(run: dict[str, Any], route: str) -> tuple[str, tuple[str, ...]]
     words = run["overrides"].split()
     if route == "tpu":
         words += [f"compile_topology={run['topology']}", f"compile_topology_num_slices={run['num_slices']}"]
-    topology = None if route == "tpu" else f"cpu-{run['devices']}"
+    topology = None if route == "tpu" else run["topology"] if route == GPU else f"cpu-{run['devices']}"
     dropped: list[str] = []
     while True:
         try:
@@ -198,7 +208,8 @@ def plan_run(run: dict[str, Any], route: str) -> None:
             f"-o {plan_path(run, 'tpu')}"
         )
     words, dropped = command_line(run, route)
-    topology = "cpu-8" if route == "tpu" else f"cpu-{run['devices']}"  # compile_topology names the TPU one
+    # compile_topology names the TPU one; a GPU run's cluster is its topology
+    topology = "cpu-8" if route == "tpu" else run["topology"] if route == GPU else f"cpu-{run['devices']}"
     print(f"planning {run['id']} ({route} route){' without ' + ', '.join(dropped) if dropped else ''}", flush=True)
     PLANS.mkdir(exist_ok=True)
     refusal = refusal_path(run, route)
@@ -256,7 +267,7 @@ def expected_on(run: dict[str, Any], route: str) -> float | None:
     if not path.exists():
         return None
     plan = shardscope.load_plan(path)
-    priced = price_plan(plan, None if route == "tpu" else run["topology"].rsplit("-", 1)[0])
+    priced = price_plan(plan, None if route in ("tpu", GPU) else run["topology"].rsplit("-", 1)[0])
     return None if priced.estimate is None else priced.estimate.expected
 
 
@@ -272,7 +283,8 @@ def planned_without(run: dict[str, Any], route: str) -> tuple[str, ...]:
     words, _ = command_line(run, route)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        case, _ = resolve_maxtext_case(run["model"], None, None if route == "tpu" else f"cpu-{run['devices']}", words)
+        topology = None if route == "tpu" else run["topology"] if route == GPU else f"cpu-{run['devices']}"
+        case, _ = resolve_maxtext_case(run["model"], None, topology, words)
     now = {k: v for k, v in dict(case.overrides).items() if not k.startswith("xla.")}
     return tuple(sorted(f"{k}={v}" for k, v in now.items() if planned.get(k) != v))
 
@@ -283,10 +295,11 @@ def rows() -> list[Row]:
         if plannable(run) is not None:
             continue
         measured, kind = measured_step(run)
-        expected = {route: expected_on(run, route) for route in ROUTES}
+        routes = (GPU,) if on_gpu(run) else ROUTES
+        expected = {route: expected_on(run, route) if route in routes else None for route in (*ROUTES, GPU)}
         if all(v is None for v in expected.values()):
             continue
-        stale = {route: planned_without(run, route) for route in ROUTES if expected[route] is not None}
+        stale = {route: planned_without(run, route) for route in routes if expected[route] is not None}
         out.append(Row(run, measured, kind, expected, (), stale))
     return out
 
@@ -307,6 +320,13 @@ def _error(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:+.1f}%"
 
 
+def _tpu_or_gpu(row: Row) -> list[str]:
+    """The TPU route's cells (expected, error), or a GPU run's own route there, named."""
+    route = GPU if on_gpu(row.run) else "tpu"
+    mark = ("†" if row.stale.get(route) else "") + (" (GPU)" if route == GPU else "")
+    return [_seconds(row.expected[route]) + mark, _error(row.error(route))]
+
+
 def table(found: list[Row], markdown: bool) -> str:
     header = ["run", "kind", "measured", "TPU route", "error", "CPU route", "error"]
     lines = []
@@ -318,8 +338,7 @@ def table(found: list[Row], markdown: bool) -> str:
                 row.run["id"],
                 kind,
                 measured,
-                _seconds(row.expected["tpu"]) + ("†" if row.stale.get("tpu") else ""),
-                _error(row.error("tpu")),
+                *_tpu_or_gpu(row),
                 _seconds(row.expected["cpu"]) + ("†" if row.stale.get("cpu") else ""),
                 _error(row.error("cpu")),
             ]
@@ -331,9 +350,9 @@ def table(found: list[Row], markdown: bool) -> str:
         widths = [max(len(str(x)) for x in column) for column in zip(header, *lines, strict=True)]
         out = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)) for line in [header, *lines]]
     bullet = "- " if markdown else ""
-    missing = sorted({s for row in found for route in ROUTES for s in row.stale.get(route, ())})
+    missing = sorted({s for row in found for route in (*ROUTES, GPU) for s in row.stale.get(route, ())})
     if missing:
-        count = sum(bool(row.stale.get(route)) for row in found for route in ROUTES)
+        count = sum(bool(row.stale.get(route)) for row in found for route in (*ROUTES, GPU))
         plans, its, them = ("1 plan was", "its", "it") if count == 1 else (f"{count} plans were", "their", "them")
         out.append(
             f"{bullet}† {plans} planned before {its} command line's {', '.join(missing)} was modelled: "
@@ -380,6 +399,13 @@ def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = No
                 lines.append(
                     f"{name} route, {label}: MAPE {mape(chosen)} over {len(chosen)} runs, worst {100 * worst:.1f}%"
                 )
+    on_gpus = [r for r in found if r.error(GPU) is not None]
+    if on_gpus:
+        errors = [r.error(GPU) or 0.0 for r in on_gpus]
+        lines.append(
+            f"GPU route (uncalibrated, NVIDIA's figures), validation runs: MAPE {mape(errors)} over {len(errors)} "
+            f"runs, worst {100 * max(abs(e) for e in errors):.1f}%"
+        )
     both = [r for r in found if r.expected["tpu"] and r.expected["cpu"]]
     if both:
         gaps = [abs((r.expected["cpu"] or 0) / (r.expected["tpu"] or 1) - 1) for r in both]
@@ -438,6 +464,30 @@ def cpu_verdict(run: dict[str, Any]) -> str:
     return f"{verdict} ({estimate.memory.total / 1e9:.1f} GB, a floor)"
 
 
+def gpu_verdict(path: Path) -> str:
+    """A GPU plan's fit as its compiler's figures say (the GPU compiler places what does not fit, too)."""
+    import shardscope
+    from shardscope.cost.price import price_plan
+
+    memory = price_plan(shardscope.load_plan(path)).estimate.memory  # type: ignore[union-attr]
+    return f"{'fits' if memory.fits else 'does not fit'} ({_gb(memory.total)} of {_gb(memory.capacity)})"
+
+
+def why_not_planned(run: dict[str, Any], route: str) -> str | None:
+    """Why a GPU run's command line cannot be planned here, or None: read from the command line alone, so
+    the table says the same with or without the GPU extra."""
+    if route != GPU:
+        return None
+    across = [
+        w
+        for w in run["overrides"].split()
+        if re.fullmatch(r"dcn_\w+_parallelism=(\d+)", w) and int(w.split("=")[1]) > 1
+    ]
+    if len(across) > 1:
+        return f"not planned: hosts joined over {len(across)} mesh axes ({', '.join(across)}); shardscope lays one"
+    return None
+
+
 def memory_table(markdown: bool) -> str:
     """Each plannable run: its command line, whether the TPU compiler placed it, shardscope's HBM need (the
     compiler's peak, and the static sum arguments + outputs + temporaries - aliased) and MaxText's figure,
@@ -452,7 +502,8 @@ def memory_table(markdown: bool) -> str:
         why = plannable(run)
         if why is not None:
             continue
-        path, refusal = plan_path(run, "tpu"), refusal_path(run, "tpu")
+        route = GPU if on_gpu(run) else "tpu"
+        path, refusal = plan_path(run, route), refusal_path(run, route)
         figures: dict[str, float | None] = {"peak": None, "static sum": None}
         if path.exists():
             memory = dict(shardscope.load_plan(path).memory)
@@ -460,11 +511,11 @@ def memory_table(markdown: bool) -> str:
             figures["static sum"] = (
                 memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"] - memory["alias_bytes"]
             )
-            outcome = "fits"
+            outcome = "fits" if route == "tpu" else f"GPU compile: {gpu_verdict(path)}"
         elif refusal.exists():
             outcome = "refused: " + refusal.read_text().strip().split("(", 1)[-1].rstrip(")")[:90]
         else:
-            outcome = "not compiled here yet"
+            outcome = why_not_planned(run, route) or "not compiled here yet"
         ours = "–" if figures["static sum"] is None else f"{_gb(figures['peak'])} ({_gb(figures['static sum'])})"
         logged = maxtext_memory(run)
         theirs, error = "–", "–"
@@ -531,8 +582,7 @@ def page_block(found: list[Row], left_out: dict[tuple[str, str], float]) -> str:
             row.run["topology"] if _slices(row.run) == 1 else f"{_slices(row.run)} × {row.run['topology']}",
             "fitted" if row.fitted else "validation",
             measured,
-            _seconds(row.expected["tpu"]),
-            _error(row.error("tpu")),
+            *_tpu_or_gpu(row),
             _seconds(row.expected["cpu"]),
             _error(row.error("cpu")),
         ]
@@ -566,7 +616,7 @@ def generated(found: list[Row], left_out: dict[tuple[str, str], float]) -> dict[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", nargs="*", metavar="ID", help="(re)plan these runs ('all': every plannable run)")
-    parser.add_argument("--route", choices=ROUTES, default="tpu")
+    parser.add_argument("--route", choices=(*ROUTES, GPU), default="tpu")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--memory", action="store_true", help="the memory table: each run's HBM need")
     parser.add_argument("--write", action="store_true", help="regenerate the validation page's and README's figures")

@@ -126,10 +126,10 @@ def test_gpu_hardware_figures():
         load_gpu_hardware("h10")
 
 
-def _dump(topology: str, out: Path, *extra: str) -> None:
+def _dump(topology: str, out: Path, *extra: str, model: str = "llama-tiny") -> None:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
     env.pop("SHARDSCOPE_CACHE_DIR", None)
-    command = [sys.executable, "-m", "shardscope.cli", "dump", "llama-tiny", "--topology", topology, "-o", str(out)]
+    command = [sys.executable, "-m", "shardscope.cli", "dump", model, "--topology", topology, "-o", str(out)]
     result = subprocess.run([*command, *extra, "--no-cache"], capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "cudart_stub" not in result.stderr  # the plugin's note about a missing driver stays hidden
@@ -217,3 +217,112 @@ def test_gpu_page_commands_run(tmp_path):
         assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
         assert "Traceback" not in result.stderr
     assert (tmp_path / "h100-2x8.json").exists()
+
+
+def test_gpu_compiler_reads_boolean_options_as_written():
+    from shardscope.case.resolve import compiler_options_for, resolve_case
+
+    case = resolve_case(
+        "llama-tiny", "default", "b200-1x8", {}, {"xla.xla_gpu_enable_triton_gemm": "false", "xla.xla_dump_to": "x"}
+    )
+    assert compiler_options_for(case) == {"xla_gpu_enable_triton_gemm": False, "xla_dump_to": "x"}
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_diff_of_two_gpu_plans_pairs_nvlink_and_network(h100_plans):
+    from shardscope.diff.plans import diff_plans
+    from shardscope.plan.json import load_plan
+
+    one, two = load_plan(h100_plans["h100-1x8"]), load_plan(h100_plans["h100-2x8"])
+    diff = diff_plans(one, two)
+    assert [name for name, _ in diff.networks_before] == ["NVLink", "network"]
+    assert dict(diff.networks_before)["network"] == 0  # one host: nothing leaves it
+    assert dict(diff.networks_after)["network"] > 0
+    assert sum(traffic for _, traffic in diff.networks_after) == diff.totals_after.total
+    assert not any("different platforms" in note for note in diff.notes)
+
+
+@pytest.fixture(scope="module")
+def tpu_and_gpu_plans(tmp_path_factory, h100_plans) -> tuple[Path, Path]:
+    """llama-tiny on two v5p-16 slices joined over data, beside the same case on two H100 hosts."""
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("the TPU extra is not installed: pip install '.[tpu]'")
+    tpu = tmp_path_factory.mktemp("tpu") / "tpu.json"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env.pop("SHARDSCOPE_CACHE_DIR", None)
+    command = ["dump", "llama-tiny", "--topology", "v5p-16", "--slices", "2", "--mesh", "data=2"]
+    command += ["--set", "model.global_batch=16", "-o", str(tpu), "--no-cache"]
+    result = subprocess.run(
+        [sys.executable, "-m", "shardscope.cli", *command], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return tpu, h100_plans["h100-2x8"]
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_diff_of_a_tpu_plan_and_a_gpu_plan_reads_by_network(tpu_and_gpu_plans):
+    from shardscope.diff.changes import ChangeKind
+    from shardscope.diff.plans import diff_plans
+    from shardscope.plan.json import load_plan
+
+    tpu, gpu = (load_plan(path) for path in tpu_and_gpu_plans)
+    diff = diff_plans(tpu, gpu)
+    # Tensors equal: the same case places every tensor alike on either platform.
+    assert not [c for c in diff.changes if c.kind.name.startswith(("TENSOR", "SPEC"))]
+    assert len(diff.unchanged_tensors) == len(gpu.tensors)
+    assert [c.subject for c in diff.changes if c.kind == ChangeKind.CASE] == ["topology"]
+    # Collectives regrouped by the network they cross: the slices' DCN against the hosts' network.
+    assert [name for name, _ in diff.networks_before] == ["ICI → NVLink", "DCN → network"]
+    assert [name for name, _ in diff.networks_after] == ["ICI → NVLink", "DCN → network"]
+    assert dict(diff.networks_before)["DCN → network"] > 0 and dict(diff.networks_after)["DCN → network"] > 0
+    assert sum(traffic for _, traffic in diff.networks_after) == diff.totals_after.total
+    # Each side priced on its own hardware, and said so.
+    assert (diff.cost_before.hardware, diff.cost_after.hardware) == ("v5p", "h100")
+    assert any("different platforms (tpu → gpu)" in note for note in diff.notes)
+    added = [c.after for c in diff.changes if c.kind == ChangeKind.COLLECTIVE_ADDED]
+    assert added and all(side.axes_label.endswith(("(NVLink)", "(network)")) for side in added)
+
+    result = runner.invoke(app, ["diff", *map(str, tpu_and_gpu_plans)], terminal_width=200)
+    assert result.exit_code == 1, result.output  # the plans differ (their collectives)
+    assert "Traffic per network" in result.output and "DCN → network" in result.output
+    assert "on 2 × v5p 2x2x2 → h100 2x8" in result.output
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_a_real_moe_shape_on_two_hosts(tmp_path):
+    """deepseek2-16b at its own batch on two H100 hosts: FSDP and EP inside each host, data across them."""
+    from shardscope.plan.json import load_plan
+
+    out = tmp_path / "deepseek2-16b.json"
+    _dump("h100-2x8", out, "--mesh", "data=2,fsdp=4,expert=2", model="deepseek2-16b")
+    plan = load_plan(out)
+    assert dict(plan.provenance)["backend"] == "gpu"
+    links = {(row.op, row.axes, row.link) for row in plan.collectives}
+    assert ("all-to-all", ("expert",), NVLINK) in links  # EP's dispatch stays on NVLink
+    assert all(link == NETWORK for _, axes, link in links if axes is not None and "data" in axes)
+    assert all(link == NVLINK for _, axes, link in links if axes is not None and "data" not in axes)
+    memory = plan.estimate.memory
+    assert memory.capacity == 80_000_000_000 and memory.source.startswith("gpu compiler")
+    figures = dict(plan.memory)
+    assert memory.total == figures["argument_bytes"] + figures["temp_bytes"] + max(
+        0, figures["output_bytes"] - figures["alias_bytes"]
+    )
+    assert 30e9 < memory.total < 80e9 and memory.fits  # its optimizer state alone is over 7 GiB per GPU
+
+
+def test_gpu_shapes_table_is_generated_from_its_record():
+    """The how-to page's table of real shapes is what `benchmarks/gpu_shapes.py --write` makes of its record."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        import gpu_shapes
+    finally:
+        sys.path.pop(0)
+    assert gpu_shapes.main(["--check"]) == 0
+    record = gpu_shapes.load_record()["shapes"]
+    assert set(record) == set(gpu_shapes.SHAPES)
+    for shape, found in record.items():
+        assert found["backend"] == "gpu" and found["fits"] == (found["hbm_need_bytes"] <= found["hbm_capacity_bytes"])
+        assert found["command"] == " ".join(gpu_shapes.command(shape, Path("x"))[:-3])

@@ -329,6 +329,11 @@ def compiler_options_for(case: Case) -> dict[str, Any]:
     The one thing they move is the temp buffer size, by well under the diff's temp tolerance (0.3% on
     deepseek-tiny); the options are recorded in each plan's provenance.
     """
+    if case.topology.platform == "gpu":
+        # The GPU compiler reads a boolean option as True/False only: `--set xla.…=false` reads as MaxText's
+        # GPU runs write it (XLA_FLAGS=--xla_gpu_enable_triton_gemm=false).
+        bools = {"true": True, "false": False}
+        return {key: bools.get(value.lower(), value) for key, value in xla_flags(case.overrides).items()}
     if case.topology.platform != "cpu":
         return xla_flags(case.overrides)
     return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}

@@ -237,6 +237,9 @@ class PlanDiff:
     # What each side holds, for its header: "compiled", "tensors only" (nothing compiled), ...
     old_holds: str = ""
     new_holds: str = ""
+    # Traffic per network (`shardscope.diff.networks`), paired by name; empty unless a side is a GPU plan.
+    networks_before: tuple[tuple[str, int], ...] = field(default=())
+    networks_after: tuple[tuple[str, int], ...] = field(default=())
 
     @property
     def same(self) -> bool:

@@ -32,6 +32,7 @@ from shardscope.diff.changes import (
     PlanDiff,
 )
 from shardscope.diff.json import case_dict, jsonable
+from shardscope.diff.networks import paired_networks
 from shardscope.diff.pricing import price_pair
 from shardscope.plan.document import Plan
 from shardscope.plan.findings import Finding, sort_findings
@@ -117,6 +118,11 @@ def _profile(rows: Sequence[CollectiveRow]) -> tuple[tuple[int, int | None, int]
     return tuple(sorted(((b, t, n) for (b, t), n in counts.items()), key=repr))
 
 
+def _link_mark(row: CollectiveRow) -> str:
+    """ " (NVLink)" or " (network)" on a GPU cluster's row, as its plan's tables print it; "" elsewhere."""
+    return {"nvlink": " (NVLink)", "network": " (network)"}.get(row.link or "", "")
+
+
 def collective_side(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> CollectiveSide:
     """The rows of one key aggregated: identity fields, then count/bytes/trips/traffic and the merged cause."""
     op, axes, groups, dtype, shape, pass_, source, shift = key
@@ -124,7 +130,7 @@ def collective_side(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> Collec
     return CollectiveSide(
         op=op,
         axes=axes,
-        axes_label=axes_label(rows[0]),
+        axes_label=axes_label(rows[0]) + _link_mark(rows[0]),
         groups=groups,
         dtype=dtype,
         shape=shape,
@@ -144,7 +150,7 @@ def collective_subject(key: CollectiveKey, rows: Sequence[CollectiveRow]) -> str
     op, _, _, dtype, shape, pass_, source, shift = key
     shift_text = f" shift {shift:+d}" if shift is not None else ""
     return (
-        f"{op} over {axes_label(rows[0])}{shift_text} {dtype}[{','.join(map(str, shape))}] "
+        f"{op} over {axes_label(rows[0])}{_link_mark(rows[0])}{shift_text} {dtype}[{','.join(map(str, shape))}] "
         f"{pass_} at {source or '(top level)'}"
     )
 
@@ -243,6 +249,13 @@ def _backend_notes(old: Plan, new: Plan) -> list[str]:
     before, after = dict(old.provenance).get("backend"), dict(new.provenance).get("backend")
     if before == after:
         return []
+    if {before, after} == {"tpu", "gpu"}:
+        return [
+            f"the plans are of different platforms ({before} → {after}): tensor shardings compare; collectives, "
+            "memory and work are each compiler's own, each plan is priced on its own hardware, and 'Traffic per "
+            "network' pairs what stays inside a TPU slice (ICI) or an NVLink domain, and what crosses between "
+            "slices (DCN, inferred from the parameters' shardings) or domains (the network)"
+        ]
     return [
         f"backend differs ({before} → {after}): collective schedules and memory are each compiler's own and "
         "may differ while tensor shardings agree"
@@ -347,6 +360,7 @@ def diff_plans(
     collective_changes, unchanged_collectives = _diff_collectives(old, new) if compare_collectives else ([], ())
     kept_rows = (old.collectives, new.collectives) if compare_collectives else ((), ())
     finding_changes, unchanged_findings = _diff_findings(old, new, compare_collectives)
+    networks = paired_networks(old, new)
     rule_changes, compilers_choices = explain_collective_changes(
         tensor_changes + collective_changes, mesh_changed=_sized(old.case.mesh) != _sized(new.case.mesh)
     )
@@ -375,4 +389,6 @@ def diff_plans(
         compilers_choices=compilers_choices,
         old_holds=holds(old),
         new_holds=holds(new),
+        networks_before=networks[0] if compare_collectives else (),
+        networks_after=networks[1] if compare_collectives else (),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardscope.cost.price import price_plan
+from shardscope.diff.networks import platform_of
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
 from shardscope.plan.estimate import Estimate
@@ -18,6 +19,10 @@ def price_pair(
       ShardscopeError: a named `hardware` the plans cannot be priced on (unknown, or a mesh that is no
         slice of it). Without one, a side that cannot be priced is left out with a note.
     """
+    if hardware is None and {platform_of(old), platform_of(new)} == {"tpu", "gpu"}:
+        # A TPU plan against a GPU plan: no target prices both (a TPU generation has no NVLink, a GPU no
+        # torus), so each is priced on its own hardware, as its own dump prints it.
+        return _own(old, efficiency), _own(new, efficiency), []
     chosen = hardware
     if chosen is None:
         priced = [plan.estimate for plan in (new, old) if plan.estimate is not None]
@@ -40,3 +45,8 @@ def price_pair(
         target = (sides[0] or sides[1]).hardware  # type: ignore[union-attr]
         return price_pair(old, new, target, efficiency)
     return sides[0], sides[1], notes
+
+
+def _own(plan: Plan, efficiency: float | None) -> Estimate | None:
+    """A plan priced on its own topology's hardware (a GPU plan: the figures of its GPUs)."""
+    return price_plan(plan, None, None if platform_of(plan) == "gpu" else efficiency).estimate

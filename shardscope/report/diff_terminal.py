@@ -51,6 +51,11 @@ def headline_sections(diff: PlanDiff) -> tuple[HeadlineSection, ...]:
     before, after = diff.totals_before, diff.totals_after
     traffic = (
         (
+            *(
+                (HeadlineSection("Traffic per network", paired(diff.networks_before, diff.networks_after)),)
+                if diff.networks_before or diff.networks_after
+                else ()
+            ),
             HeadlineSection("Traffic per mesh axis", paired(before.by_axes, after.by_axes)),
             HeadlineSection("Traffic per op", paired(before.by_op, after.by_op)),
             HeadlineSection("Traffic per pass", paired(before.by_pass, after.by_pass)),
@@ -323,9 +328,18 @@ def _collective_table(changes: Sequence[Change], width: int) -> Table:
     return table
 
 
+def _targets(diff: PlanDiff, target: Estimate) -> str:
+    """ "v5p 2x2x2, efficiency 0.82", or each side's when they were priced on different hardware (a TPU plan
+    against a GPU plan)."""
+    before, after = diff.cost_before, diff.cost_after
+    if before is not None and after is not None and before.hardware != after.hardware:
+        return " → ".join(f"{target_label(e)}, efficiency {e.efficiency:g}" for e in (before, after))
+    return f"{target_label(target)}, efficiency {target.efficiency:g}"
+
+
 def _cost_table(diff: PlanDiff, target: Estimate) -> Table:
     table = Table(
-        title=f"Estimated time per step ({target_label(target)}, efficiency {target.efficiency:g})",
+        title=f"Estimated time per step ({_targets(diff, target)})",
         title_justify="left",
         show_edge=False,
     )

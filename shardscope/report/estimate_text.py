@@ -132,7 +132,10 @@ def cost_headline(before: Estimate | None, after: Estimate | None, baseline: str
     else:
         old, new, what = before.communication, after.communication, "communication"
     relative = f", {(new - old) / old:+.0%}".replace("-", "−") if old else ""
-    return f"{signed_seconds(new - old)} per step over {baseline} on {target_label(after)} ({what}{relative})"
+    where = target_label(after)
+    if before.hardware != after.hardware:  # each side priced on its own hardware (a TPU plan and a GPU plan)
+        where = f"{target_label(before)} → {where}"
+    return f"{signed_seconds(new - old)} per step over {baseline} on {where} ({what}{relative})"
 
 
 def memory_headline(before: Estimate | None, after: Estimate | None) -> str | None:
@@ -146,4 +149,9 @@ def memory_headline(before: Estimate | None, after: Estimate | None) -> str | No
         (False, True): "now fits",
         (False, False): "does not fit",
     }[(old.fits, new.fits)]
+    if old.capacity != new.capacity:  # each side held against its own hardware's capacity
+        return (
+            f"HBM need {human_bytes(old.total)} of {human_bytes(old.capacity)} → {human_bytes(new.total)} of "
+            f"{human_bytes(new.capacity)}: {fits}"
+        )
     return f"HBM need {human_bytes(old.total)} → {human_bytes(new.total)} of {human_bytes(new.capacity)}: {fits}"

@@ -205,6 +205,12 @@ def compile_case(case: Case, with_grads: bool = False) -> CompiledStep:
             raise ShardscopeError(
                 f"--set xla.{unknown.group(1)}: the {case.topology.name} compiler has no such option"
             ) from None
+        if "Couldn't find output tile sizes" in message:
+            # XLA's GPU compiler finds no Triton tiling for a matmul (seen on B200): cuBLAS compiles it.
+            raise ShardscopeError(
+                f"{case.model_name} on {case.topology.name}: the GPU compiler found no Triton tiling for a matmul; "
+                "compile the matmuls with cuBLAS, as MaxText's GPU runs do: --set xla.xla_gpu_enable_triton_gemm=false"
+            ) from None
         if "RESOURCE_EXHAUSTED" not in message:
             raise
         if "VmemOom" in message:
