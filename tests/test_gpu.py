@@ -219,6 +219,7 @@ def test_gpu_page_commands_run(tmp_path):
     assert (tmp_path / "h100-2x8.json").exists()
 
 
+@needs_plugin
 def test_gpu_compiler_reads_boolean_options_as_written():
     from shardscope.case.resolve import compiler_options_for, resolve_case
 

@@ -44,7 +44,7 @@ def traffic_by_network(plan: Plan) -> dict[str, int]:
         }
     if platform != "tpu":
         return {}
-    from shardscope.case.topology import get_topology
+    from shardscope.case.topology import get_topology  # lazy: a topology's name is read only for TPU plans
 
     try:
         slices = get_topology(plan.case.topology).slices

@@ -60,6 +60,7 @@ from shardscope.hlo.loops import expanded_scatters, loop_regions
 from shardscope.hlo.markers import ATTENTION, GROUPED_MATMUL, HALF_VISITED, marked
 from shardscope.hlo.metadata import op_name_in, pass_of
 from shardscope.hlo.narrowing import Narrowing
+from shardscope.hlo.precision import matrix_precision
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info
 from shardscope.hlo.work import (
@@ -84,7 +85,6 @@ BINS_PER_OCTAVE = 4
 HOST_MEMORY = "S(5)"  # XLA's memory space of host memory in a TPU layout
 
 _MATRIX_OPS = frozenset({"dot", "convolution"})
-MATRIX_PRECISIONS = ("", "fp8", "int8")
 _ROW_OPS = frozenset({"gather", "scatter"})
 
 
@@ -157,38 +157,6 @@ def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Se
             if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
                 total += _matrix_flops(program, inner, [shapes.get(o, "") for o in inner.operands])
     return total
-
-
-def matrix_precision(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> str:
-    """The precision class its matrix units run an op's matmul at (see `WorkBin.precision`): that of a dot's
-    or convolution's two inputs, of the largest matmul a fusion runs inside, or of a kernel call's inputs
-    (its integer group sizes aside)."""
-    if instruction.opcode in _MATRIX_OPS:
-        return _precision_of(operand_shapes[:2])
-    if instruction.opcode == "custom-call":
-        return _precision_of([s for s in operand_shapes if not shape_info(s)[0].startswith("int32")])
-    if instruction.opcode not in ("fusion", "async-start"):
-        return ""
-    largest: tuple[int, str] = (0, "")
-    for attribute, callee in instruction.callees():
-        if attribute != "calls":
-            continue
-        shapes = program.shapes(callee)
-        for inner in program.instructions(callee):
-            if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
-                inner_shapes = [shapes.get(o, "") for o in inner.operands]
-                flops = _matrix_flops(program, inner, inner_shapes)
-                largest = max(largest, (flops, matrix_precision(program, inner, inner_shapes)))
-    return largest[1]
-
-
-def _precision_of(shapes: Sequence[str]) -> str:
-    dtypes = [shape_info(s)[0] for s in shapes]
-    if dtypes and all(d.startswith("float8") for d in dtypes):
-        return "fp8"
-    if dtypes and all(d in ("int8", "uint8") for d in dtypes):
-        return "int8"
-    return ""
 
 
 class _Graph(NamedTuple):

@@ -60,7 +60,7 @@ def prepare_compiler_log(default_shown: int = 2) -> None:
         # JAX's CUDA plugin (the GPU extra), loaded with JAX, logs at any level that it found no CUDA driver
         # (none is needed to compile): import JAX here, so that the line is shown only at the level asked for.
         with capture_compiler_log():
-            import jax  # noqa: F401
+            import jax  # noqa: F401  # lazy: only where the GPU extra is installed
 
 
 def warnings_visible() -> bool:

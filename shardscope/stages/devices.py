@@ -174,7 +174,7 @@ def gpu_grid(gpu: GpuCluster, mesh: Sequence[tuple[str, int]], devices: Sequence
     (NVSwitch joins every pair of a domain's GPUs alike, so their order there is free); `dcn_axis` takes the
     domains as its outer (slowest) part.
     """
-    import numpy as np
+    import numpy as np  # lazy: off the --help path
 
     domains = gpu.domains
     ordered = sorted(devices, key=lambda d: d.id)
@@ -189,6 +189,6 @@ def gpu_grid(gpu: GpuCluster, mesh: Sequence[tuple[str, int]], devices: Sequence
 
 def domain_grid(gpu: GpuCluster, device_ids: Any) -> Any:
     """Each mesh position's NVLink domain (the devices' ids are positions in the cluster, host by host)."""
-    import numpy as np
+    import numpy as np  # lazy: off the --help path
 
     return np.asarray(device_ids) // gpu.domain_gpus

@@ -89,7 +89,7 @@ def as_state_of(step: MaxTextStep, state: Any) -> Any:
     Raises:
       MaxTextError: the two states hold different numbers of arrays.
     """
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
 
     leaves, own = jax.tree.leaves(state), jax.tree.leaves(step.state)
     if len(leaves) != len(own):
@@ -102,7 +102,7 @@ def as_state_of(step: MaxTextStep, state: Any) -> Any:
 
 def synthetic_batch(step: MaxTextStep) -> dict[str, Any]:
     """MaxText's synthetic batch of the step's config (what `dataset_type=synthetic` trains on), on the host."""
-    import numpy as np
+    import numpy as np  # lazy: MaxText is an optional extra
     from maxtext.input_pipeline.synthetic_data_processing import SyntheticDataIterator
 
     try:
@@ -117,7 +117,7 @@ def synthetic_batch(step: MaxTextStep) -> dict[str, Any]:
 
 def step_rng(step: MaxTextStep, index: int) -> Any:
     """The dropout key MaxText's training loop gives a Linen step (`fold_in(init_rng, step)`); None for NNX."""
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
 
     if step.config.pure_nnx:
         return None
@@ -168,7 +168,7 @@ def compile_train_program(step: MaxTextStep) -> TrainProgram:
     Raises:
       MaxTextError: the step reports no gradients, or does not trace (MaxText's message, one line).
     """
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
     from jax.sharding import NamedSharding, PartitionSpec
 
     train = _train(step)

@@ -145,7 +145,7 @@ def _key_text(key: Any) -> str:
 
 def _host(value: Any) -> np.ndarray:
     """An output on the host; a PRNG key as its words (keys must come out equal)."""
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
 
     if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
         value = jax.random.key_data(value)
@@ -163,7 +163,7 @@ class _Outputs:
 def _outputs(step: MaxTextStep, out_info: Any) -> _Outputs:
     """The step's outputs (new state, metrics, gradients) flattened: the state under its plan paths, the loss,
     and each gradient as `grads/params/…`; the other metrics are left out (they are norms of these)."""
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
 
     state, metrics, grads = out_info
     indices: list[int] = []
@@ -197,7 +197,7 @@ def state_shardings(step: MaxTextStep) -> Any:
 
 def run_side(step: MaxTextStep, program: TrainProgram, state: Any, batch: dict[str, Any], steps: int) -> SideRun:
     """MaxText's step run `steps` times from `state` (placed as the step takes it; donated) on `batch`."""
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
 
     chosen = _outputs(step, program.compiled.out_info)
     placed = jax.device_put(batch, step.batch_sharding)
@@ -242,7 +242,7 @@ def verify_maxtext(case: MaxTextCase, against: str | None, steps: int) -> Verify
       ShardscopeError: no steps, a TPU topology, a MaxText that refuses either command line, sides that train
         on different batches or return different state.
     """
-    import jax
+    import jax  # lazy: JAX starts once the device pool is sized
 
     if steps < 1:
         raise MaxTextError(f"--steps {steps}: verify runs at least one step")
