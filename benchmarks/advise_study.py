@@ -82,6 +82,11 @@ class Candidate:
     def plan_path(self) -> Path:
         return STUDY / f"{self.name}.tpu.json"
 
+    @property
+    def refusal_path(self) -> Path:
+        """Where the compiler's refusal of the plan (it does not fit in HBM) is kept."""
+        return STUDY / f"{self.name}.tpu.refused"
+
 
 def ranked_by_advise() -> tuple[dict[str, object], list[Candidate]]:
     """advise --predict-only's counts and ranking (every built-in preset: advise searches them all)."""
@@ -151,13 +156,17 @@ def compile_order(candidates: list[Candidate]) -> list[Candidate]:
 
 def compile_missing() -> int:
     for candidate in compile_order(chosen()[1]):
-        if candidate.plan_path.exists():
+        if candidate.plan_path.exists() or candidate.refusal_path.exists():
             continue
         print(f"compiling #{candidate.rank} {candidate.preset} {candidate.mesh}", flush=True)
         words = candidate.command.split()[1:]  # "shardscope dump …"
-        done = subprocess.run(["shardscope", *words, "-o", str(candidate.plan_path)], check=False)
+        command = ["shardscope", *words, "-o", str(candidate.plan_path)]
+        done = subprocess.run(command, check=False, capture_output=True, text=True)
         if done.returncode != 0:
-            print(f"  not compiled (exit {done.returncode})", flush=True)
+            error = (done.stderr.strip().splitlines() or [""])[-1]
+            print(f"  not compiled (exit {done.returncode}): {error}", flush=True)
+            if "cannot fit the step in device memory" in error:
+                candidate.refusal_path.write_text(error.removeprefix("shardscope: error: ") + "\n")
     return 0
 
 
@@ -211,13 +220,16 @@ def report() -> str:
                 "mesh": ",".join(f"{k}={v}" for k, v in candidate.axes.items() if v > 1) or "(one device per axis)",
                 "predicted": candidate.predicted,
                 "compiled": compiled_step(candidate),
+                "refused": candidate.refusal_path.exists(),
             }
         )
     frame = pd.DataFrame(rows)
     done = frame.dropna(subset=["compiled"])
     lines = [
         f"`advise {MODEL} --topology {TOPOLOGY} --predict-only` over every built-in preset: {ranked} plans that",
-        f"fit, ranked by predicted step; {len(frame)} chosen, {len(done)} compiled on the TPU route. Every step is",
+        f"fit, ranked by predicted step; {len(frame)} chosen, {len(done)} compiled on the TPU route, "
+        f"{int(frame['refused'].sum())} refused by the TPU compiler (they do not fit in HBM, where the prediction's "
+        "floor of HBM from the tensors said they fit). Every step is",
         "an estimate (the prediction's from placement alone, the compiled one's from the TPU compile).",
         "",
     ]
@@ -254,6 +266,7 @@ def report() -> str:
         compiled = row["compiled"]
         error = "–" if compiled is None else f"{100 * (row['predicted'] / compiled - 1):+.1f}%"
         shown = "not compiled" if compiled is None else f"{compiled:.2f} s"
+        shown = "does not fit (compiler)" if row["refused"] else shown
         lines.append(
             f"| {row['predicted rank']} | {row['kind']} | {row['preset']} | {row['mesh']} | "
             f"{row['predicted']:.2f} s | {shown} | {error} |"
