@@ -28,8 +28,9 @@ from shardscope.case.topology import (
     DCN_SETTING,
     DEFAULT_TOPOLOGY,
     Topology,
-    check_spans_slices,
+    check_spans_parts,
     dcn_axis_of,
+    dcn_parts,
     get_topology,
     resolve_mesh,
 )
@@ -69,6 +70,12 @@ class Case:
     def dcn_axis(self) -> str:
         """The mesh axis that spans the topology's slices (`data` unless `--set dcn_axis=` names another)."""
         return dcn_axis_of(self.overrides)
+
+    @property
+    def dcn_parts(self) -> tuple[tuple[str, int], ...]:
+        """Each mesh axis that spans the topology's slices, with how many it spans (several on a GPU cluster
+        whose hosts MaxText lays over several `dcn_*_parallelism` axes)."""
+        return dcn_parts(self.dcn_axis, self.topology.slices)
 
     @property
     def global_batch(self) -> int:
@@ -229,12 +236,19 @@ def pipelined_model(model: DecoderConfig, preset: Preset, sizes: dict[str, int])
 
 
 def _check_dcn_axis(case: Case) -> None:
-    """The axis that spans slices is one of the preset's and divides among them (a single slice: any axis)."""
-    axis, slices = case.dcn_axis, case.topology.slices
+    """The axes that span slices are the preset's and divide among them (a single slice: any axis); several
+    only on a GPU cluster (TPU slices are joined over one axis)."""
+    parts, slices = case.dcn_parts, case.topology.slices
     named = DCN_SETTING in dict(case.overrides)
-    if axis not in case.preset.mesh_axes and (named or slices > 1):
-        raise MeshError(f"--set {DCN_SETTING}: {unknown_name('mesh axis', axis, case.preset.mesh_axes).args[0]}")
-    check_spans_slices(case.mesh_sizes, slices, axis)
+    for axis, _ in parts:
+        if axis not in case.preset.mesh_axes and (named or slices > 1):
+            raise MeshError(f"--set {DCN_SETTING}: {unknown_name('mesh axis', axis, case.preset.mesh_axes).args[0]}")
+    if len(parts) > 1 and case.topology.gpu is None:
+        raise MeshError(
+            f"{DCN_SETTING}={case.dcn_axis} (--set, or MaxText's dcn_*_parallelism): TPU slices are joined over "
+            "one mesh axis here (several: GPU clusters only); keep one above 1"
+        )
+    check_spans_parts(case.mesh_sizes, parts)
 
 
 def _check_pipeline(case: Case) -> None:

@@ -52,8 +52,43 @@ DCN_SETTING = "dcn_axis"
 
 
 def dcn_axis_of(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> str:
-    """The mesh axis that spans a case's slices, from its settings (a plan's `case.overrides`)."""
+    """The mesh axis that spans a case's slices, from its settings (a plan's `case.overrides`); the setting as
+    written where a GPU case lays its hosts over several (`dcn_axes_of`)."""
     return dict(overrides).get(DCN_SETTING, DCN_AXIS)
+
+
+def dcn_axes_of(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The mesh axes that span a case's slices: one (`fsdp`), or on a GPU cluster several (`data:2,fsdp:16`)."""
+    return tuple(part.partition(":")[0].strip() for part in dcn_axis_of(overrides).split(","))
+
+
+def dcn_parts(value: str, slices: int) -> tuple[tuple[str, int], ...]:
+    """Each mesh axis that spans the slices with how many it spans, from a `dcn_axis` setting: one axis
+    (`fsdp`: all the slices), or several with their counts (`data:2,fsdp:16`, as MaxText's `dcn_*_parallelism`
+    sizes lay a GPU cluster's hosts; the counts multiply to the slices).
+
+    Raises:
+      MeshError: a malformed setting, an axis named twice, or counts whose product is not the slices.
+    """
+    parts = [part.strip() for part in value.split(",")]
+    if len(parts) == 1 and ":" not in parts[0]:
+        return ((parts[0], slices),)
+    result: list[tuple[str, int]] = []
+    for part in parts:
+        name, sep, count = part.partition(":")
+        if not sep or not name.strip() or not re.fullmatch(r"\d+", count.strip()) or int(count) < 1:
+            raise MeshError(f"--set {DCN_SETTING}={value}: expected axis:count pairs like 'data:2,fsdp:16'")
+        result.append((name.strip(), int(count)))
+    names = [name for name, _ in result]
+    if len(set(names)) != len(names):
+        raise MeshError(f"--set {DCN_SETTING}={value}: an axis is named twice")
+    product = math.prod(count for _, count in result)
+    if product != slices:
+        raise MeshError(
+            f"--set {DCN_SETTING}={value}: the counts multiply to {product}, but the topology has {slices} "
+            f"slices (NVLink domains)"
+        )
+    return tuple(result)
 
 
 def check_spans_slices(sizes: Mapping[str, int], slices: int, axis: str) -> None:
@@ -63,6 +98,12 @@ def check_spans_slices(sizes: Mapping[str, int], slices: int, axis: str) -> None
             f"{slices} slices are joined over mesh axis {axis!r}, whose size {sizes.get(axis, 1)} is not a "
             f"multiple of {slices}; e.g. --mesh {axis}={slices}"
         )
+
+
+def check_spans_parts(sizes: Mapping[str, int], parts: Sequence[tuple[str, int]]) -> None:
+    """Raises MeshError unless each axis of `parts` (of mesh `sizes`) divides among the slices it spans."""
+    for axis, count in parts:
+        check_spans_slices(sizes, count, axis)
 
 
 def get_topology(name: str) -> Topology:
