@@ -180,7 +180,7 @@ def command_line(run: dict[str, Any], route: str) -> tuple[str, tuple[str, ...]]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                resolve_maxtext_case(run["model"], None, topology, " ".join(words))
+                resolve_maxtext_case(run["model"], None, topology, " ".join(words), compiling=False)
             return " ".join(words), tuple(dropped)
         except ShardscopeError as err:
             unknown = re.match(r"--maxtext (\w+)=.*MaxText has no key", str(err))
@@ -284,7 +284,7 @@ def planned_without(run: dict[str, Any], route: str) -> tuple[str, ...]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         topology = None if route == "tpu" else run["topology"] if route == GPU else f"cpu-{run['devices']}"
-        case, _ = resolve_maxtext_case(run["model"], None, topology, words)
+        case, _ = resolve_maxtext_case(run["model"], None, topology, words, compiling=False)
     now = {k: v for k, v in dict(case.overrides).items() if not k.startswith("xla.")}
     return tuple(sorted(f"{k}={v}" for k, v in now.items() if planned.get(k) != v))
 

@@ -233,6 +233,28 @@ def test_gpu_plan_is_deterministic(h100_plans):
     assert h100_plans["h100-2x8"].read_bytes() == h100_plans["h100-2x8 again"].read_bytes()
 
 
+@needs_plugin
+@pytest.mark.slow
+def test_hosts_over_data_and_fsdp_compile(tmp_path):
+    # 4 hosts of 8 H100s as a 2 × 2 grid: data spans 2 hosts, fsdp 4 GPUs of a host × 2 hosts, tensor stays in
+    # the host; the compiler's groups cross the network exactly where the hybrid layout puts hosts.
+    from shardscope.plan.json import load_plan
+
+    out = tmp_path / "hybrid.json"
+    maxtext = "ici_fsdp_parallelism=4 ici_tensor_parallelism=2 dcn_data_parallelism=2 dcn_fsdp_parallelism=2"
+    _dump("h100-4x8", out, "--maxtext", f"{maxtext} per_device_batch_size=1")
+    plan = load_plan(out)
+    mesh = {axis: size for axis, size in plan.case.mesh if size > 1}
+    assert mesh == {"data": 2, "fsdp": 8, "tensor": 2}
+    assert dict(plan.case.overrides)["dcn_axis"] == "data:2,fsdp:2"
+    links = {(row.op, row.axes, row.link) for row in plan.collectives if row.axes is not None}
+    assert {("reduce-scatter", ("fsdp",), NETWORK), ("all-gather", ("fsdp",), NETWORK)} <= links
+    assert ("all-reduce", ("data",), NETWORK) in links
+    assert ("all-gather", ("tensor",), NVLINK) in links
+    assert all((link == NVLINK) == (axes == ("tensor",)) for _, axes, link in links)
+    assert {label for label, _ in plan.estimate.by_axes} >= {"fsdp (network)", "tensor (NVLink)", "data (network)"}
+
+
 def _page_commands() -> list[str]:
     page = Path(__file__).parents[1] / "docs" / "how-to" / "gpu-clusters.md"
     blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)

@@ -130,8 +130,10 @@ def resolve_case(
     topology: str = DEFAULT_TOPOLOGY,
     mesh: Mapping[str, int] | None = None,
     overrides: Mapping[str, str] | None = None,
+    compiling: bool = True,
 ) -> Case:
-    """Validates every user input of a case and resolves it (no JAX).
+    """Validates every user input of a case and resolves it (no JAX); `compiling=False` resolves a case that
+    will not be compiled here (a stored plan's), without the TPU or GPU extra its topology compiles with.
 
     Raises:
       ShardscopeError: any unknown name, malformed preset, bad override or mesh that does not fit.
@@ -139,7 +141,7 @@ def resolve_case(
     overrides = dict(overrides or {})
     model = get_model(model_name)
     resolved_preset = get_preset(preset)
-    topo = get_topology(topology)
+    topo = get_topology(topology, compiling)
     model_settings, preset_settings = _split_settings(overrides)
     if xla_flags(overrides) and topo.platform == "cpu":
         flag = next(iter(xla_flags(overrides)))
@@ -175,6 +177,7 @@ def resolve_maxtext_case(
     topology: str | None,
     maxtext: str | Sequence[str],
     overrides: Mapping[str, str] | None = None,
+    compiling: bool = True,
 ) -> tuple[Case, MaxTextRun]:
     """A case from MaxText's command line: `custom_mesh_and_rule` picks the preset, `ici_*`/`dcn_*_parallelism`
     size every mesh axis (MaxText's defaults for the rest: FSDP fills a slice, data fills the slices),
@@ -201,7 +204,7 @@ def resolve_maxtext_case(
         f"{slices}x{compile_topology}" if compile_topology and slices not in ("1", "-1") else compile_topology
     )
     chosen_topology = chosen_topology or DEFAULT_TOPOLOGY
-    topo = get_topology(chosen_topology)
+    topo = get_topology(chosen_topology, compiling)
     run = maxtext_run(
         maxtext,
         model_name,
@@ -221,6 +224,7 @@ def resolve_maxtext_case(
         chosen_topology,
         dict(run.mesh),
         settings,
+        compiling,
     )
     return case, run
 

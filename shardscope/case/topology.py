@@ -106,9 +106,11 @@ def check_spans_parts(sizes: Mapping[str, int], parts: Sequence[tuple[str, int]]
         check_spans_slices(sizes, count, axis)
 
 
-def get_topology(name: str) -> Topology:
+def get_topology(name: str, compiling: bool = True) -> Topology:
     """Parses a topology name: `cpu-N` (N fake host devices), a TPU slice (`v5p-16`, `tpu7x-8`, …), or
     several TPU slices (`2xv5p-16`, as `--slices 2` writes it), or a GPU cluster (`h100-2x8`: 2 hosts of 8).
+
+    `compiling=False`: a name that will not be compiled for here (a stored plan's), without its extra.
 
     Raises:
       ShardscopeError: an unknown name, or a TPU slice (GPU cluster) without the TPU (GPU) extra installed.
@@ -118,7 +120,7 @@ def get_topology(name: str) -> Topology:
         count = int(slices.group(1))
         if count < 1:
             raise ShardscopeError(f"topology {name!r}: the number of slices must be at least 1")
-        one = get_topology(slices.group(2))
+        one = get_topology(slices.group(2), compiling)
         return Topology(name=name, platform="tpu", num_devices=one.num_devices * count, tpu=one.tpu, slices=count)
     match = _CPU.fullmatch(name)
     if match:
@@ -128,12 +130,12 @@ def get_topology(name: str) -> Topology:
         return Topology(name=name, platform="cpu", num_devices=count)
     if is_tpu_name(name):
         tpu = parse_tpu_slice(name)
-        if libtpu_version() is None:
+        if compiling and libtpu_version() is None:
             raise ShardscopeError(f"topology {name!r} compiles for TPU, which needs libtpu: {TPU_EXTRA_HINT}")
         return Topology(name=name, platform="tpu", num_devices=tpu.num_devices, tpu=tpu)
     if is_gpu_name(name):
         gpu = parse_gpu_cluster(name)
-        if gpu_plugin_version() is None:
+        if compiling and gpu_plugin_version() is None:
             raise ShardscopeError(
                 f"topology {name!r} compiles for NVIDIA GPUs, which needs JAX's CUDA plugin: {GPU_EXTRA_HINT}"
             )
