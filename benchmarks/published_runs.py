@@ -180,7 +180,7 @@ def command_line(run: dict[str, Any], route: str) -> tuple[str, tuple[str, ...]]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                resolve_maxtext_case(run["model"], None, topology, " ".join(words))
+                resolve_maxtext_case(run["model"], None, topology, " ".join(words), compiling=False)
             return " ".join(words), tuple(dropped)
         except ShardscopeError as err:
             unknown = re.match(r"--maxtext (\w+)=.*MaxText has no key", str(err))
@@ -284,7 +284,7 @@ def planned_without(run: dict[str, Any], route: str) -> tuple[str, ...]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         topology = None if route == "tpu" else run["topology"] if route == GPU else f"cpu-{run['devices']}"
-        case, _ = resolve_maxtext_case(run["model"], None, topology, words)
+        case, _ = resolve_maxtext_case(run["model"], None, topology, words, compiling=False)
     now = {k: v for k, v in dict(case.overrides).items() if not k.startswith("xla.")}
     return tuple(sorted(f"{k}={v}" for k, v in now.items() if planned.get(k) != v))
 
@@ -473,21 +473,6 @@ def gpu_verdict(path: Path) -> str:
     return f"{'fits' if memory.fits else 'does not fit'} ({_gb(memory.total)} of {_gb(memory.capacity)})"
 
 
-def why_not_planned(run: dict[str, Any], route: str) -> str | None:
-    """Why a GPU run's command line cannot be planned here, or None: read from the command line alone, so
-    the table says the same with or without the GPU extra."""
-    if route != GPU:
-        return None
-    across = [
-        w
-        for w in run["overrides"].split()
-        if re.fullmatch(r"dcn_\w+_parallelism=(\d+)", w) and int(w.split("=")[1]) > 1
-    ]
-    if len(across) > 1:
-        return f"not planned: hosts joined over {len(across)} mesh axes ({', '.join(across)}); shardscope lays one"
-    return None
-
-
 def memory_table(markdown: bool) -> str:
     """Each plannable run: its command line, whether the TPU compiler placed it, shardscope's HBM need (the
     compiler's peak, and the static sum arguments + outputs + temporaries - aliased) and MaxText's figure,
@@ -515,7 +500,7 @@ def memory_table(markdown: bool) -> str:
         elif refusal.exists():
             outcome = "refused: " + refusal.read_text().strip().split("(", 1)[-1].rstrip(")")[:90]
         else:
-            outcome = why_not_planned(run, route) or "not compiled here yet"
+            outcome = "not compiled here yet"
         ours = "–" if figures["static sum"] is None else f"{_gb(figures['peak'])} ({_gb(figures['static sum'])})"
         logged = maxtext_memory(run)
         theirs, error = "–", "–"

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from shardscope.case.gpu import GpuCluster, known_gpu_names, load_gpu_hardware, parse_gpu_cluster, with_gpu_domains
 from shardscope.case.hardware import HardwareError
-from shardscope.case.topology import get_topology, with_slices
+from shardscope.case.topology import dcn_parts, get_topology, with_slices
 from shardscope.cli import app
 from shardscope.errors import ShardscopeError
 from shardscope.extract.links import NETWORK, NVLINK, link_of
@@ -117,6 +117,50 @@ def test_dcn_axis_spreads_over_domains_as_its_outer_part():
     assert (ids[:2] < 8).all() and (ids[2:] >= 8).all()
 
 
+def test_hosts_laid_over_two_axes_as_a_hybrid_mesh():
+    # MaxText's ici_data=2 ici_fsdp=2 ici_expert=2 dcn_data=2 dcn_fsdp=2 on 4 hosts of 8: each axis = ICI × DCN,
+    # the DCN part outermost; the hosts form a 2 × 2 grid (data, fsdp), numbered in mesh order.
+    cluster = parse_gpu_cluster("h100-4x8")
+    mesh = (("data", 4), ("fsdp", 4), ("expert", 2))
+    grid = gpu_grid(cluster, mesh, [_Device(i) for i in reversed(range(32))], "data:2,fsdp:2")
+    ids = np.vectorize(lambda d: d.id)(grid)
+    assert ids[:, 0, 0].tolist() == [0, 4, 16, 20]  # data: hosts 0, 0, 2, 2
+    assert ids[0, :, 0].tolist() == [0, 2, 8, 10]  # fsdp: hosts 0, 0, 1, 1
+    assert ids[0, 0].tolist() == [0, 1]  # expert: inside host 0
+    assert ids[3, 3].tolist() == [30, 31]
+    assert sorted(ids.ravel().tolist()) == list(range(32))
+    domains = ids // cluster.domain_gpus
+    for host in range(4):  # each host holds a 2 × 2 × 2 block: the ICI parts
+        d, f, _ = np.nonzero(domains == host)
+        assert (sorted(set(d.tolist())), sorted(set(f.tolist()))) == (
+            [2 * (host // 2), 2 * (host // 2) + 1],
+            [2 * (host % 2), 2 * (host % 2) + 1],
+        )
+    names = [axis for axis, _ in mesh]
+    assert link_of(("expert",), names, domains) == NVLINK
+    assert link_of(("data",), names, domains) == NETWORK
+    assert link_of(("fsdp",), names, domains) == NETWORK
+    assert link_of(("fsdp", "expert"), names, domains) == NETWORK
+    # one axis given: all the hosts, as before
+    one = np.vectorize(lambda d: d.id)(gpu_grid(cluster, mesh, [_Device(i) for i in range(32)], "data"))
+    two = np.vectorize(lambda d: d.id)(gpu_grid(cluster, mesh, [_Device(i) for i in range(32)], "data:4"))
+    assert (one == two).all() and one[:, 0, 0].tolist() == [0, 8, 16, 24]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("data:2,fsdp:4", "the counts multiply to 8, but the topology has 4 slices"),
+        ("data:2,data:2", "an axis is named twice"),
+        ("data:2,fsdp", "expected axis:count pairs"),
+        ("data:0,fsdp:4", "expected axis:count pairs"),
+    ],
+)
+def test_hosts_over_several_axes_wrong_settings(value, message):
+    with pytest.raises(ShardscopeError, match=re.escape(message)):
+        dcn_parts(value, 4)
+
+
 def test_gpu_hardware_figures():
     h100, h200, b200 = (load_gpu_hardware(name) for name in ("h100", "h200-2x8", "b200"))
     assert (h100.hbm_bytes, h200.hbm_bytes, b200.hbm_bytes) == (80e9, 141e9, 180e9)
@@ -187,6 +231,28 @@ def test_two_hosts_cross_the_network_on_data_only(h100_plans):
 @pytest.mark.slow
 def test_gpu_plan_is_deterministic(h100_plans):
     assert h100_plans["h100-2x8"].read_bytes() == h100_plans["h100-2x8 again"].read_bytes()
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_hosts_over_data_and_fsdp_compile(tmp_path):
+    # 4 hosts of 8 H100s as a 2 × 2 grid: data spans 2 hosts, fsdp 4 GPUs of a host × 2 hosts, tensor stays in
+    # the host; the compiler's groups cross the network exactly where the hybrid layout puts hosts.
+    from shardscope.plan.json import load_plan
+
+    out = tmp_path / "hybrid.json"
+    maxtext = "ici_fsdp_parallelism=4 ici_tensor_parallelism=2 dcn_data_parallelism=2 dcn_fsdp_parallelism=2"
+    _dump("h100-4x8", out, "--maxtext", f"{maxtext} per_device_batch_size=1")
+    plan = load_plan(out)
+    mesh = {axis: size for axis, size in plan.case.mesh if size > 1}
+    assert mesh == {"data": 2, "fsdp": 8, "tensor": 2}
+    assert dict(plan.case.overrides)["dcn_axis"] == "data:2,fsdp:2"
+    links = {(row.op, row.axes, row.link) for row in plan.collectives if row.axes is not None}
+    assert {("reduce-scatter", ("fsdp",), NETWORK), ("all-gather", ("fsdp",), NETWORK)} <= links
+    assert ("all-reduce", ("data",), NETWORK) in links
+    assert ("all-gather", ("tensor",), NVLINK) in links
+    assert all((link == NVLINK) == (axes == ("tensor",)) for _, axes, link in links)
+    assert {label for label, _ in plan.estimate.by_axes} >= {"fsdp (network)", "tensor (NVLink)", "data (network)"}
 
 
 def _page_commands() -> list[str]:

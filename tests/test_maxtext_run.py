@@ -82,10 +82,9 @@ def test_dcn_axes_span_slices_and_ici_axes_fill_a_slice():
     )
     with pytest.raises(ShardscopeError, match="multiply to 4, but the topology has 2 slices"):
         maxtext_run("dcn_data_parallelism=4", "m", ("data", "fsdp"), 4, 2, False)
-    with pytest.raises(
-        ShardscopeError, match="dcn_data_parallelism=2, dcn_fsdp_parallelism=2: shardscope joins slices"
-    ):
-        maxtext_run("dcn_data_parallelism=2 dcn_fsdp_parallelism=2", "m", ("data", "fsdp"), 4, 4, False)
+    # DCN sizes on several axes: each axis named with its share of the slices, in mesh order.
+    run = maxtext_run("dcn_fsdp_parallelism=2 dcn_data_parallelism=2", "m", ("data", "fsdp"), 4, 4, False)
+    assert dict(run.mesh) == {"data": 2, "fsdp": 8} and dict(run.settings)["dcn_axis"] == "data:2,fsdp:2"
 
 
 def test_pipeline_keys_size_the_stage_axis_and_default_the_microbatches():

@@ -81,7 +81,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("lint", "mixtral-tiny", "--maxtext", "per_device_batch_size=x"), "per_device_batch_size=x: expected a number"),
     (
         ("dump", "mixtral-tiny", "--topology", "v5p-8", "--slices", "4", "--maxtext", "dcn_fsdp_parallelism=2"),
-        "dcn_data_parallelism=2, dcn_fsdp_parallelism=2: shardscope joins slices over one mesh axis",
+        "dcn_axis=data:2,fsdp:2 (--set, or MaxText's dcn_*_parallelism): TPU slices are joined over one",
     ),
     (("dump", "mixtral-tiny", "--set", "dcn_axis=fsdq"), "unknown mesh axis 'fsdq'; did you mean 'fsdp'?"),
     # XLA flags (`--set xla.<flag>`): options of the TPU compiler only

@@ -202,8 +202,8 @@ def _mesh(
     values: Mapping[str, Any], mesh_axes: tuple[str, ...], per_slice: int, slices: int
 ) -> tuple[tuple[tuple[str, int], ...], str]:
     """Every mesh axis sized as MaxText sizes it: ICI sizes within a slice (one -1 fills the slice), DCN sizes
-    across slices (one -1 fills them), the axis = ICI × DCN; and the axis that spans the slices (the one
-    whose DCN size is above 1: `data` by MaxText's default, `fsdp` with `dcn_fsdp_parallelism`)."""
+    across slices (one -1 fills them), the axis = ICI × DCN; and the axes that span the slices (those
+    whose DCN size is above 1: `data` by MaxText's default, `fsdp` with `dcn_fsdp_parallelism`; `_across_slices`)."""
     defaults = maxtext_defaults()
     sizes: dict[str, dict[str, int]] = {"ici": {}, "dcn": {}}
     for key in defaults:
@@ -243,18 +243,16 @@ def _mesh(
             )
         for axis, size in chosen.items():
             result[axis] *= size
-    return tuple((axis, result[axis]) for axis in mesh_axes), _across_slices(sizes["dcn"])
+    return tuple((axis, result[axis]) for axis in mesh_axes), _across_slices(sizes["dcn"], mesh_axes)
 
 
-def _across_slices(dcn: Mapping[str, int]) -> str:
-    """The one axis whose DCN size is above 1 (`data` on a single slice). Slices are joined over one axis
-    here: MaxText accepts DCN sizes on several, which shardscope does not lay out."""
-    spanning = [axis for axis, size in dcn.items() if size > 1]
+def _across_slices(dcn: Mapping[str, int], mesh_axes: tuple[str, ...]) -> str:
+    """The `dcn_axis` setting for the axes whose DCN size is above 1: the one axis (`data` on a single slice),
+    or, where several are, each with its size in mesh order (`data:2,fsdp:16`: a GPU cluster's hosts laid over
+    both, as `create_hybrid_device_mesh` lays them; TPU slices are joined over one axis, `_check_dcn_axis`)."""
+    spanning = [axis for axis in mesh_axes if dcn.get(axis, 1) > 1]
     if len(spanning) > 1:
-        keys = ", ".join(f"{_key('dcn', axis)}={dcn[axis]}" for axis in spanning)
-        raise ShardscopeError(
-            f"--maxtext {keys}: shardscope joins slices over one mesh axis; keep one dcn size above 1"
-        )
+        return ",".join(f"{axis}:{dcn[axis]}" for axis in spanning)
     return spanning[0] if spanning else DCN_AXIS
 
 

@@ -28,8 +28,9 @@ from shardscope.case.topology import (
     DCN_SETTING,
     DEFAULT_TOPOLOGY,
     Topology,
-    check_spans_slices,
+    check_spans_parts,
     dcn_axis_of,
+    dcn_parts,
     get_topology,
     resolve_mesh,
 )
@@ -69,6 +70,12 @@ class Case:
     def dcn_axis(self) -> str:
         """The mesh axis that spans the topology's slices (`data` unless `--set dcn_axis=` names another)."""
         return dcn_axis_of(self.overrides)
+
+    @property
+    def dcn_parts(self) -> tuple[tuple[str, int], ...]:
+        """Each mesh axis that spans the topology's slices, with how many it spans (several on a GPU cluster
+        whose hosts MaxText lays over several `dcn_*_parallelism` axes)."""
+        return dcn_parts(self.dcn_axis, self.topology.slices)
 
     @property
     def global_batch(self) -> int:
@@ -123,8 +130,10 @@ def resolve_case(
     topology: str = DEFAULT_TOPOLOGY,
     mesh: Mapping[str, int] | None = None,
     overrides: Mapping[str, str] | None = None,
+    compiling: bool = True,
 ) -> Case:
-    """Validates every user input of a case and resolves it (no JAX).
+    """Validates every user input of a case and resolves it (no JAX); `compiling=False` resolves a case that
+    will not be compiled here (a stored plan's), without the TPU or GPU extra its topology compiles with.
 
     Raises:
       ShardscopeError: any unknown name, malformed preset, bad override or mesh that does not fit.
@@ -132,7 +141,7 @@ def resolve_case(
     overrides = dict(overrides or {})
     model = get_model(model_name)
     resolved_preset = get_preset(preset)
-    topo = get_topology(topology)
+    topo = get_topology(topology, compiling)
     model_settings, preset_settings = _split_settings(overrides)
     if xla_flags(overrides) and topo.platform == "cpu":
         flag = next(iter(xla_flags(overrides)))
@@ -168,6 +177,7 @@ def resolve_maxtext_case(
     topology: str | None,
     maxtext: str | Sequence[str],
     overrides: Mapping[str, str] | None = None,
+    compiling: bool = True,
 ) -> tuple[Case, MaxTextRun]:
     """A case from MaxText's command line: `custom_mesh_and_rule` picks the preset, `ici_*`/`dcn_*_parallelism`
     size every mesh axis (MaxText's defaults for the rest: FSDP fills a slice, data fills the slices),
@@ -194,7 +204,7 @@ def resolve_maxtext_case(
         f"{slices}x{compile_topology}" if compile_topology and slices not in ("1", "-1") else compile_topology
     )
     chosen_topology = chosen_topology or DEFAULT_TOPOLOGY
-    topo = get_topology(chosen_topology)
+    topo = get_topology(chosen_topology, compiling)
     run = maxtext_run(
         maxtext,
         model_name,
@@ -214,6 +224,7 @@ def resolve_maxtext_case(
         chosen_topology,
         dict(run.mesh),
         settings,
+        compiling,
     )
     return case, run
 
@@ -229,12 +240,19 @@ def pipelined_model(model: DecoderConfig, preset: Preset, sizes: dict[str, int])
 
 
 def _check_dcn_axis(case: Case) -> None:
-    """The axis that spans slices is one of the preset's and divides among them (a single slice: any axis)."""
-    axis, slices = case.dcn_axis, case.topology.slices
+    """The axes that span slices are the preset's and divide among them (a single slice: any axis); several
+    only on a GPU cluster (TPU slices are joined over one axis)."""
+    parts, slices = case.dcn_parts, case.topology.slices
     named = DCN_SETTING in dict(case.overrides)
-    if axis not in case.preset.mesh_axes and (named or slices > 1):
-        raise MeshError(f"--set {DCN_SETTING}: {unknown_name('mesh axis', axis, case.preset.mesh_axes).args[0]}")
-    check_spans_slices(case.mesh_sizes, slices, axis)
+    for axis, _ in parts:
+        if axis not in case.preset.mesh_axes and (named or slices > 1):
+            raise MeshError(f"--set {DCN_SETTING}: {unknown_name('mesh axis', axis, case.preset.mesh_axes).args[0]}")
+    if len(parts) > 1 and case.topology.gpu is None:
+        raise MeshError(
+            f"{DCN_SETTING}={case.dcn_axis} (--set, or MaxText's dcn_*_parallelism): TPU slices are joined over "
+            "one mesh axis here (several: GPU clusters only); keep one above 1"
+        )
+    check_spans_parts(case.mesh_sizes, parts)
 
 
 def _check_pipeline(case: Case) -> None:

@@ -52,8 +52,43 @@ DCN_SETTING = "dcn_axis"
 
 
 def dcn_axis_of(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> str:
-    """The mesh axis that spans a case's slices, from its settings (a plan's `case.overrides`)."""
+    """The mesh axis that spans a case's slices, from its settings (a plan's `case.overrides`); the setting as
+    written where a GPU case lays its hosts over several (`dcn_axes_of`)."""
     return dict(overrides).get(DCN_SETTING, DCN_AXIS)
+
+
+def dcn_axes_of(overrides: Mapping[str, str] | Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The mesh axes that span a case's slices: one (`fsdp`), or on a GPU cluster several (`data:2,fsdp:16`)."""
+    return tuple(part.partition(":")[0].strip() for part in dcn_axis_of(overrides).split(","))
+
+
+def dcn_parts(value: str, slices: int) -> tuple[tuple[str, int], ...]:
+    """Each mesh axis that spans the slices with how many it spans, from a `dcn_axis` setting: one axis
+    (`fsdp`: all the slices), or several with their counts (`data:2,fsdp:16`, as MaxText's `dcn_*_parallelism`
+    sizes lay a GPU cluster's hosts; the counts multiply to the slices).
+
+    Raises:
+      MeshError: a malformed setting, an axis named twice, or counts whose product is not the slices.
+    """
+    parts = [part.strip() for part in value.split(",")]
+    if len(parts) == 1 and ":" not in parts[0]:
+        return ((parts[0], slices),)
+    result: list[tuple[str, int]] = []
+    for part in parts:
+        name, sep, count = part.partition(":")
+        if not sep or not name.strip() or not re.fullmatch(r"\d+", count.strip()) or int(count) < 1:
+            raise MeshError(f"--set {DCN_SETTING}={value}: expected axis:count pairs like 'data:2,fsdp:16'")
+        result.append((name.strip(), int(count)))
+    names = [name for name, _ in result]
+    if len(set(names)) != len(names):
+        raise MeshError(f"--set {DCN_SETTING}={value}: an axis is named twice")
+    product = math.prod(count for _, count in result)
+    if product != slices:
+        raise MeshError(
+            f"--set {DCN_SETTING}={value}: the counts multiply to {product}, but the topology has {slices} "
+            f"slices (NVLink domains)"
+        )
+    return tuple(result)
 
 
 def check_spans_slices(sizes: Mapping[str, int], slices: int, axis: str) -> None:
@@ -65,9 +100,17 @@ def check_spans_slices(sizes: Mapping[str, int], slices: int, axis: str) -> None
         )
 
 
-def get_topology(name: str) -> Topology:
+def check_spans_parts(sizes: Mapping[str, int], parts: Sequence[tuple[str, int]]) -> None:
+    """Raises MeshError unless each axis of `parts` (of mesh `sizes`) divides among the slices it spans."""
+    for axis, count in parts:
+        check_spans_slices(sizes, count, axis)
+
+
+def get_topology(name: str, compiling: bool = True) -> Topology:
     """Parses a topology name: `cpu-N` (N fake host devices), a TPU slice (`v5p-16`, `tpu7x-8`, …), or
     several TPU slices (`2xv5p-16`, as `--slices 2` writes it), or a GPU cluster (`h100-2x8`: 2 hosts of 8).
+
+    `compiling=False`: a name that will not be compiled for here (a stored plan's), without its extra.
 
     Raises:
       ShardscopeError: an unknown name, or a TPU slice (GPU cluster) without the TPU (GPU) extra installed.
@@ -77,7 +120,7 @@ def get_topology(name: str) -> Topology:
         count = int(slices.group(1))
         if count < 1:
             raise ShardscopeError(f"topology {name!r}: the number of slices must be at least 1")
-        one = get_topology(slices.group(2))
+        one = get_topology(slices.group(2), compiling)
         return Topology(name=name, platform="tpu", num_devices=one.num_devices * count, tpu=one.tpu, slices=count)
     match = _CPU.fullmatch(name)
     if match:
@@ -87,12 +130,12 @@ def get_topology(name: str) -> Topology:
         return Topology(name=name, platform="cpu", num_devices=count)
     if is_tpu_name(name):
         tpu = parse_tpu_slice(name)
-        if libtpu_version() is None:
+        if compiling and libtpu_version() is None:
             raise ShardscopeError(f"topology {name!r} compiles for TPU, which needs libtpu: {TPU_EXTRA_HINT}")
         return Topology(name=name, platform="tpu", num_devices=tpu.num_devices, tpu=tpu)
     if is_gpu_name(name):
         gpu = parse_gpu_cluster(name)
-        if gpu_plugin_version() is None:
+        if compiling and gpu_plugin_version() is None:
             raise ShardscopeError(
                 f"topology {name!r} compiles for NVIDIA GPUs, which needs JAX's CUDA plugin: {GPU_EXTRA_HINT}"
             )

@@ -9,7 +9,8 @@ S × (n−1)/n per GPU for an all-gather, reduce-scatter or all-to-all, 2 × S �
 and S for a send/receive (collective-permute), at the bus bandwidth of the slowest link on the way: NVLink
 inside a domain, the GPU's NIC across domains (a row that spans both is priced at the NIC: its hierarchical
 form still sends its share through it). Latency is not modelled (no published figure): a floor for small
-messages.
+messages. The expected step is the longer of the compute (the whole step's roofline: FLOPs at peak, bytes at
+HBM bandwidth) and the collectives, as XLA's GPU scheduler overlaps them: the full-overlap bound.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from shardscope.plan.records import CollectiveRow, axes_label
 
 UNCALIBRATED = "uncalibrated: no GPU run in the fitting set"
 SOURCES = "NVIDIA datasheets (hardware table `gpus`); NCCL's bus-bandwidth model"
+OVERLAPPED = "whole-step roofline and collectives overlapped (the longer of the two), uncalibrated"
 _FACTOR = {
     "all-gather": lambda n: (n - 1) / n,
     "reduce-scatter": lambda n: (n - 1) / n,
@@ -90,6 +92,13 @@ def estimate_gpu_plan(plan: Plan, hardware: GpuHardware | None = None) -> Estima
         by_pass[row.pass_] += time.seconds
     compute = dict(plan.compute)
     flops, nbytes = compute.get("flops"), compute.get("bytes_accessed")
+    communication = sum(t.seconds for t in rows if t.seconds is not None)
+    compute_time = ComputeTime(
+        flops=None if flops is None else float(flops),
+        bytes_accessed=None if nbytes is None else float(nbytes),
+        flops_seconds=(flops or 0.0) / (hardware.peak_bf16_flops * hardware.efficiency),
+        memory_seconds=(nbytes or 0.0) / (hardware.hbm_bandwidth * hardware.efficiency),
+    )
     return Estimate(
         hardware=hardware.name,
         slice_shape=(cluster.hosts, cluster.gpus_per_host),
@@ -103,14 +112,14 @@ def estimate_gpu_plan(plan: Plan, hardware: GpuHardware | None = None) -> Estima
         by_axes=tuple(sorted(by_axes.items())),
         by_op=tuple(sorted(by_op.items())),
         by_pass=tuple(sorted(by_pass.items())),
-        communication=sum(t.seconds for t in rows if t.seconds is not None),
+        communication=communication,
         unpriced_rows=sum(1 for t in rows if t.seconds is None),
-        compute=ComputeTime(
-            flops=None if flops is None else float(flops),
-            bytes_accessed=None if nbytes is None else float(nbytes),
-            flops_seconds=(flops or 0.0) / (hardware.peak_bf16_flops * hardware.efficiency),
-            memory_seconds=(nbytes or 0.0) / (hardware.hbm_bandwidth * hardware.efficiency),
-        ),
+        compute=compute_time,
         memory=gpu_memory(plan, hardware),
+        # Where the compile counted the step's work: XLA's GPU scheduler runs the collectives asynchronously
+        # (latency-hiding scheduler, pipelined gathers and reduce-scatters), so the step is taken as the longer
+        # of the two, the lower bound.
+        expected=None if flops is None else max(compute_time.seconds, communication),
+        expected_method=None if flops is None else OVERLAPPED,
         route=gpu_route(hardware),
     )

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
-from shardscope.case.topology import DCN_AXIS, dcn_axis_of
+from shardscope.case.topology import DCN_AXIS, dcn_axes_of
 from shardscope.cost.memory import memory_need
 from shardscope.lint.context import LintContext, axes_text, rule_subject
 from shardscope.plan.findings import Finding
@@ -114,12 +114,13 @@ def check_expert_gathers(ctx: LintContext) -> Iterator[Finding]:
 def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
     """`dcn-collective-in-loop`: with several slices, collectives over the axis that spans them (`data` unless
     the case names another) inside the layer loop, one finding per (op, axes, pass, source)."""
-    across = dcn_axis_of(ctx.plan.case.overrides)
+    spanning = dcn_axes_of(ctx.plan.case.overrides)
+    across = "+".join(spanning)
     if ctx.slices <= 1 or not ctx.plan.holds("collectives"):
         return
     groups: dict[tuple[str, tuple[str, ...], str, str], list[CollectiveRow]] = defaultdict(list)
     for row in ctx.plan.collectives:
-        if row.axes and across in row.axes and _in_loop(row):
+        if row.axes and any(axis in row.axes for axis in spanning) and _in_loop(row):
             groups[(row.op, row.axes, row.pass_, row.source)].append(row)
     for (op, axes, pass_, source), rows in sorted(groups.items()):
         per_iteration = sum(r.bytes * r.count for r in rows)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
-from shardscope.case.topology import DCN_AXIS, dcn_axis_of
+from shardscope.case.topology import DCN_AXIS, dcn_axes_of
 from shardscope.lint.context import LintContext, LogicalAxes, axes_text, expert_modules, in_moe_block, rule_subject
 from shardscope.plan.findings import Finding
 from shardscope.plan.records import TensorRecord, is_stack_name
@@ -208,7 +208,8 @@ def check_large_replicated(ctx: LintContext) -> Iterator[Finding]:
 def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
     """`dcn-weight-in-loop`: with several slices, parameters of scanned layers sharded over the axis that spans
     them (`data` unless the case names another), one finding per logical name so sharded."""
-    across = dcn_axis_of(ctx.plan.case.overrides)
+    spanning = dcn_axes_of(ctx.plan.case.overrides)
+    across = "+".join(spanning)
     if ctx.slices <= 1:
         return
     groups: dict[str, list[str]] = defaultdict(list)
@@ -216,7 +217,7 @@ def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
         if not any(is_stack_name(name) for name in logical):
             continue
         for dim, entry in enumerate(tensor.spec):
-            if across in entry_axes(entry):
+            if any(axis in entry_axes(entry) for axis in spanning):
                 groups[str(logical[dim])].append(path)
     for name, paths in sorted(groups.items()):
         more = f" (and {len(paths) - 1} more: {_examples(paths[1:])})" if len(paths) > 1 else ""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardscope.case.gpu import GPU_EXTRA_HINT, GpuCluster, gpu_plugin_version
-from shardscope.case.topology import DCN_AXIS, Topology, check_spans_slices, format_mesh
+from shardscope.case.topology import DCN_AXIS, Topology, check_spans_parts, check_spans_slices, dcn_parts, format_mesh
 from shardscope.case.tpu import TPU_EXTRA_HINT, TpuSlice, libtpu_version
 from shardscope.errors import MeshError, ShardscopeError
 from shardscope.stages.compiler_log import capture_compiler_log
@@ -130,7 +130,7 @@ def build_mesh(
     axis_type = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
     names = tuple(axis for axis, _ in mesh)
     if topology.gpu is not None:
-        check_spans_slices(dict(mesh), topology.slices, dcn_axis)
+        check_spans_parts(dict(mesh), dcn_parts(dcn_axis, topology.slices))
         grid = gpu_grid(topology.gpu, mesh, gpu_devices(topology.gpu).devices, dcn_axis)
         return jax.sharding.Mesh(grid, names, axis_types=(axis_type,) * len(mesh))
     if topology.tpu is not None:
@@ -169,17 +169,19 @@ def _multi_slice_grid(topology: Topology, mesh: Sequence[tuple[str, int]], devic
 def gpu_grid(gpu: GpuCluster, mesh: Sequence[tuple[str, int]], devices: Sequence[Any], dcn_axis: str) -> Any:
     """A GPU cluster's devices laid out for a mesh: NVLink domain first, then across domains.
 
-    As `mesh_utils.create_hybrid_device_mesh` lays a multi-host GPU mesh (and MaxText its `ici_*` and `dcn_*`
-    parallelism): every axis but `dcn_axis` stays inside one NVLink domain, whose GPUs fill them in order
-    (NVSwitch joins every pair of a domain's GPUs alike, so their order there is free); `dcn_axis` takes the
-    domains as its outer (slowest) part.
+    As `mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices)` lays a multi-host GPU mesh (and
+    MaxText its `ici_*` and `dcn_*` parallelism): each mesh axis is an in-domain part × a cross-domain part.
+    The in-domain parts fill one NVLink domain, whose GPUs take them in order (NVSwitch joins every pair of a
+    domain's GPUs alike, so their order there is free); the cross-domain parts are those `dcn_axis` names
+    (`fsdp`: all the domains; `data:2,fsdp:16`: a 2 × 16 grid of domains, numbered in mesh order), each the
+    outer (slowest) part of its axis.
     """
     import numpy as np  # lazy: off the --help path
 
-    domains = gpu.domains
+    spans = dict(dcn_parts(dcn_axis, gpu.domains))
     ordered = sorted(devices, key=lambda d: d.id)
-    within = [size // domains if axis == dcn_axis else size for axis, size in mesh]
-    across = [domains if axis == dcn_axis else 1 for axis, _ in mesh]
+    across = [spans.get(axis, 1) for axis, _ in mesh]
+    within = [size // part for (_, size), part in zip(mesh, across, strict=True)]
     # [domain coordinates..., in-domain coordinates...] → interleaved per axis → the mesh's shape.
     blocks = np.array(ordered, dtype=object).reshape(across + within)
     rank = len(mesh)
