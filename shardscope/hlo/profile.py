@@ -58,9 +58,9 @@ from shardscope.hlo.grouped_kernels import grouped_kernel_flops
 from shardscope.hlo.kinds import KINDS, WorkKind
 from shardscope.hlo.loops import expanded_scatters, loop_regions
 from shardscope.hlo.markers import ATTENTION, GROUPED_MATMUL, HALF_VISITED, marked
+from shardscope.hlo.matmuls import matrix_flops, matrix_precision
 from shardscope.hlo.metadata import op_name_in, pass_of
 from shardscope.hlo.narrowing import Narrowing
-from shardscope.hlo.precision import matrix_precision
 from shardscope.hlo.records import ASYNC_ENDS, COLLECTIVE_LIKE, Instruction, Module
 from shardscope.hlo.shapes import async_start_output, shape_info
 from shardscope.hlo.work import (
@@ -69,7 +69,6 @@ from shardscope.hlo.work import (
     fusion_bytes,
     halved_shape,
     instruction_bytes,
-    instruction_flops,
     materialised_scatter_bytes,
     wrapped_opcode,
 )
@@ -140,23 +139,6 @@ def _host_bytes(instruction: Instruction, operand_shapes: Sequence[str], wrapped
     if opcode == "copy":
         return shape_info(operand_shapes[0])[2] if operand_shapes else None
     return None
-
-
-def _matrix_flops(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> int:
-    """Matrix-unit FLOPs of one execution: a dot or convolution, or those a fusion runs inside."""
-    if instruction.opcode in _MATRIX_OPS:
-        return instruction_flops(instruction, operand_shapes)
-    if instruction.opcode not in ("fusion", "async-start"):
-        return 0
-    total = 0
-    for attribute, callee in instruction.callees():
-        if attribute != "calls":
-            continue
-        shapes = program.shapes(callee)
-        for inner in program.instructions(callee):
-            if inner.opcode in _MATRIX_OPS or inner.opcode == "fusion":
-                total += _matrix_flops(program, inner, [shapes.get(o, "") for o in inner.operands])
-    return total
 
 
 class _Graph(NamedTuple):
@@ -335,7 +317,7 @@ def _classify(
     grouped_flops = grouped_kernel_flops(instruction, operand_shapes)
     if grouped_flops is not None:  # its bytes are its operands' and result's, as any op's
         return WorkKind.GROUPED, grouped_flops, instruction_bytes(instruction, operand_shapes, wrapped)
-    flops = _matrix_flops(program, instruction, operand_shapes)
+    flops = matrix_flops(program, instruction, operand_shapes)
     if in_kernel:
         return WorkKind.KERNEL, flops, 0
     halved, half_result = halves
