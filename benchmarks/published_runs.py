@@ -304,6 +304,10 @@ def rows() -> list[Row]:
     return out
 
 
+def runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
+
+
 def mape(errors: list[float]) -> str:
     return f"{100 * sum(abs(e) for e in errors) / len(errors):.1f}%" if errors else "–"
 
@@ -378,14 +382,14 @@ def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = No
         loo = [e for (run, where), e in (left_out or {}).items() if where == route]
         out_of_sample = f", {mape(loo)} each left out of the fit" if loo else ""
         lines.append(
-            f"{name} route, fitting runs: MAPE {mape(fitted)} in sample{out_of_sample}, over {len(fitted)} runs"
+            f"{name} route, fitting runs: MAPE {mape(fitted)} in sample{out_of_sample}, over {runs(len(fitted))}"
         )
         validation = [r for r in found if not r.fitted and r.error(route) is not None]
         errors = [r.error(route) or 0.0 for r in validation]
         outside = [r.run["id"] for r in validation if abs(r.error(route) or 0.0) > OUTSIDE]
         worst = max((abs(e) for e in errors), default=0.0)
         lines.append(
-            f"{name} route, validation runs: MAPE {mape(errors)} over {len(errors)} runs, worst {100 * worst:.1f}%, "
+            f"{name} route, validation runs: MAPE {mape(errors)} over {runs(len(errors))}, worst {100 * worst:.1f}%, "
             f"{len(outside)} outside ±{100 * OUTSIDE:.0f}%{' (' + ', '.join(outside) + ')' if outside else ''}; "
             f"{order(validation, route)}"
         )
@@ -397,14 +401,14 @@ def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = No
             if chosen:
                 worst = max(abs(e) for e in chosen)
                 lines.append(
-                    f"{name} route, {label}: MAPE {mape(chosen)} over {len(chosen)} runs, worst {100 * worst:.1f}%"
+                    f"{name} route, {label}: MAPE {mape(chosen)} over {runs(len(chosen))}, worst {100 * worst:.1f}%"
                 )
     on_gpus = [r for r in found if r.error(GPU) is not None]
     if on_gpus:
         errors = [r.error(GPU) or 0.0 for r in on_gpus]
         lines.append(
-            f"GPU route (uncalibrated, NVIDIA's figures), validation runs: MAPE {mape(errors)} over {len(errors)} "
-            f"runs, worst {100 * max(abs(e) for e in errors):.1f}%"
+            f"GPU route (uncalibrated, NVIDIA's figures), validation runs: MAPE {mape(errors)} "
+            f"over {runs(len(errors))}, worst {100 * max(abs(e) for e in errors):.1f}%"
         )
     both = [r for r in found if r.expected["tpu"] and r.expected["cpu"]]
     if both:
