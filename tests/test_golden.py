@@ -194,7 +194,7 @@ def test_changing_one_rule_fails_check_with_exactly_what_it_moved(tmp_path):
     assert moved, "gathering the queries' sequence must show up as collectives"
     rows = [change.after or change.before for change in moved]
     # The attention's traffic over `expert` moves (the compiler also regroups other sums around it).
-    assert any(row["axes"] == ["expert"] and "self_attention" in row["source"] for row in rows), rows
+    assert any(row.axes == ("expert",) and "self_attention" in row.source for row in rows), rows
     assert "activations/decoder/layers/self\\_attention/query" in report.read_text()
 
 
