@@ -19,6 +19,7 @@ from shardscope.extract.maxtext_dump import activation_records, read_activations
 from shardscope.extract.plans import compute_of, memory_of, provenance
 from shardscope.extract.state_paths import canonical_state_path
 from shardscope.extract.tensors import normalize_spec, output_tensors, spec_of
+from shardscope.hlo.executions import Program
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
 from shardscope.plan.document import Plan
@@ -163,6 +164,7 @@ def maxtext_plan(step: MaxTextStep) -> Plan:
             parts=TENSORS_ONLY,
         )
     module = read_module(step.compiled.as_text())
+    program = Program(module)  # its tables and executions, read once for the compute and the work profile
     cpu, explicit = platform == "cpu", record.axis_types == "explicit"
     return Plan(
         case=record,
@@ -177,6 +179,6 @@ def maxtext_plan(step: MaxTextStep) -> Plan:
         ),
         memory=memory_of(step.compiled, platform),
         schema=SCHEMA,
-        compute=compute_of(module),
-        work=work_profile(module, cpu_program=cpu, explicit_reductions=explicit),
+        compute=compute_of(module, program),
+        work=work_profile(module, cpu_program=cpu, explicit_reductions=explicit, program=program),
     )

@@ -13,6 +13,7 @@ from shardscope.case.tpu import libtpu_version
 from shardscope.extract.collectives import extract_collectives
 from shardscope.extract.links import with_links
 from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
+from shardscope.hlo.executions import Program
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
 from shardscope.hlo.records import Module
@@ -81,10 +82,10 @@ def slice_mesh(case: Case) -> tuple[tuple[str, int], ...]:
     return tuple((axis, size // slices if axis == case.dcn_axis else size) for axis, size in case.mesh)
 
 
-def compute_of(module: Module) -> tuple[tuple[str, int], ...]:
+def compute_of(module: Module, program: Program | None = None) -> tuple[tuple[str, int], ...]:
     """The plan's `compute` section: per-device FLOPs and bytes accessed per step (`shardscope.hlo.work`),
     and how many computations ran an unknown number of times (left out, so the figures are a floor)."""
-    work = step_work(module)
+    work = step_work(module, program)
     unknown = (("unknown_computations", work.unknown_computations),) if work.unknown_computations else ()
     return tuple(sorted(work.as_compute() + unknown))
 
@@ -93,6 +94,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     """The plan of a compiled step, given the text of its compiled HLO module."""
     case = step.case
     module = read_module(hlo_text)
+    program = Program(module)  # its tables and executions, read once for the compute and the work profile
     tensors = step_tensors(step, step.compiled.out_info)  # built afresh on every access: read once
     explain = (dict(tensors), case.preset.logical_axis_rules)
     # A CPU program is read as the TPU would run it; where a loop's sums are taken depends on who asks for
@@ -110,8 +112,8 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
         collectives=collectives,
         memory=memory_of(step.compiled, case.topology.platform),
         schema=SCHEMA,
-        compute=compute_of(module),
-        work=work_profile(module, cpu_program=cpu, explicit_reductions=explicit),
+        compute=compute_of(module, program),
+        work=work_profile(module, cpu_program=cpu, explicit_reductions=explicit, program=program),
     )
 
 
@@ -139,6 +141,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
     explicit = is_explicit(mesh)
     devices = mesh.devices.flat[0]
     module = read_module(hlo_text or compiled.as_text())
+    program = Program(module)
     return Plan(
         case=CaseRecord(
             model=name,
@@ -152,7 +155,7 @@ def plan_from_compiled(compiled: Any, mesh: jax.sharding.Mesh, name: str, hlo_te
         collectives=extract_collectives(module, tuple(sizes.items())),
         memory=memory_of(compiled, devices.platform),
         schema=SCHEMA,
-        compute=compute_of(module),
+        compute=compute_of(module, program),
         # Priced op by op as every compiled plan is (a user's program and a reference model's alike).
-        work=work_profile(module, cpu_program=devices.platform == "cpu", explicit_reductions=explicit),
+        work=work_profile(module, cpu_program=devices.platform == "cpu", explicit_reductions=explicit, program=program),
     )

@@ -341,7 +341,9 @@ def _halves(narrowing: Narrowing | None, computation: str, instruction: Instruct
     return narrowing.half_operands(computation, instruction), narrowing.half_result(computation, instruction)
 
 
-def work_profile(module: Module, cpu_program: bool = False, explicit_reductions: bool = False) -> tuple[WorkBin, ...]:
+def work_profile(
+    module: Module, cpu_program: bool = False, explicit_reductions: bool = False, program: Program | None = None
+) -> tuple[WorkBin, ...]:
     """Every top-level op of the step that runs a known number of times, binned (see the module doc).
     Ops of computations whose executions are unknown are left out, as in `step_work`.
 
@@ -352,7 +354,7 @@ def work_profile(module: Module, cpu_program: bool = False, explicit_reductions:
     (`shardscope.hlo.accumulation`) as the TPU runs them: inside the matmuls that make the partial sums (a
     sum added into a slot, moved out of the loop), or, for `explicit_reductions` (a program of Explicit axes,
     which keeps every one in its loop), at the bytes counted: a `buffer`."""
-    program = Program(module)
+    program = program or Program(module)  # the caller's, where it read the module's tables already
     runs = program.executions_per_step()
     fused = fused_computations(program, runs)
     scatters, expanded = expanded_scatters(program, runs)

@@ -327,9 +327,10 @@ def _reducer_flops(program: Program, reduce: Instruction) -> int:
     return max(1, sum(instruction_flops(i, [shapes.get(o, "") for o in i.operands]) for i in instructions))
 
 
-def step_work(module: Module) -> StepWork:
-    """FLOPs and bytes accessed per step by one device running `module` (see the module docstring)."""
-    program = Program(module)
+def step_work(module: Module, program: Program | None = None) -> StepWork:
+    """FLOPs and bytes accessed per step by one device running `module` (see the module docstring).
+    `program`: the module's `Program` where the caller has one (its tables and executions are read once)."""
+    program = program or Program(module)
     runs = program.executions_per_step()
     fused = fused_computations(program, runs)
     flops = 0
