@@ -8,7 +8,7 @@ import dataclasses
 import jax
 
 from shardscope.case.resolve import Case
-from shardscope.case.topology import mesh_label
+from shardscope.case.topology import Topology, mesh_label
 from shardscope.errors import ShardscopeError
 from shardscope.plan.document import Plan
 from shardscope.stages.train_step import ADAMW
@@ -27,6 +27,21 @@ def side_label(case: Case) -> str:
     return f"{case.preset.name} on {mesh_label(tuple((axis, size) for axis, size in case.mesh if size > 1))}"
 
 
+def check_runs_here(steps: int, topology: Topology) -> None:
+    """Refuses a verification of no steps, or on a TPU topology (real steps run on fake CPU devices).
+
+    Raises:
+      ShardscopeError: either, saying what to give instead.
+    """
+    if steps < 1:
+        raise ShardscopeError(f"--steps {steps}: verify runs at least one step")
+    if topology.platform != "cpu":
+        raise ShardscopeError(
+            f"verify runs real steps on fake CPU devices: use --topology cpu-{topology.num_devices} rather than "
+            f"{topology.name}"
+        )
+
+
 def check_verifiable(case: Case, against: Case | None, steps: int) -> None:
     """Refuses what cannot be verified: no steps, a TPU topology, a model too large to run, two presets that
     make different models or batches (the same step must run on both sides).
@@ -34,13 +49,7 @@ def check_verifiable(case: Case, against: Case | None, steps: int) -> None:
     Raises:
       ShardscopeError: any of those, saying what differs.
     """
-    if steps < 1:
-        raise ShardscopeError(f"--steps {steps}: verify runs at least one step")
-    if case.topology.platform != "cpu":
-        raise ShardscopeError(
-            f"verify runs real steps on fake CPU devices: use --topology cpu-{case.num_devices} rather than "
-            f"{case.topology.name}"
-        )
+    check_runs_here(steps, case.topology)
     check_small_enough(case)
     if against is None:
         return

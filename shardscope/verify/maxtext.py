@@ -42,6 +42,7 @@ from shardscope.stages.maxtext_train import (
     synthetic_batch,
 )
 from shardscope.stages.train_step import AdamW
+from shardscope.verify.cases import check_runs_here
 from shardscope.verify.compare import compare_runs
 from shardscope.verify.program import ProgramReading
 from shardscope.verify.records import VerifyReport
@@ -244,13 +245,7 @@ def verify_maxtext(case: MaxTextCase, against: str | None, steps: int) -> Verify
     """
     import jax  # lazy: JAX starts once the device pool is sized
 
-    if steps < 1:
-        raise MaxTextError(f"--steps {steps}: verify runs at least one step")
-    if case.topology.platform != "cpu":
-        raise MaxTextError(
-            f"verify runs real steps on fake CPU devices: use --topology cpu-{case.topology.num_devices} rather "
-            f"than {case.topology.name}"
-        )
+    check_runs_here(steps, case.topology)
     step = build_maxtext_step(case, lower=False, compile_step=False)
     if against is None:
         first = min(jax.devices(), key=lambda d: d.id)
