@@ -229,6 +229,25 @@ def test_two_hosts_cross_the_network_on_data_only(h100_plans):
 
 @needs_plugin
 @pytest.mark.slow
+def test_gpu_lints_read_the_compiled_links(h100_plans, tmp_path):
+    from shardscope.plan.json import load_plan
+
+    def lints(path: Path) -> set[str]:
+        return {finding.lint for finding in load_plan(path).findings}
+
+    network = {"network-collective-in-loop", "tensor-parallel-across-network"}
+    assert not network & lints(h100_plans["h100-2x8"])  # data across hosts: once per step, as it should be
+    batch = ("--set", "model.global_batch=16")
+    _dump("h100-2x8", tmp_path / "fsdp.json", "--mesh", "data=8,fsdp=2,expert=1", "--set", "dcn_axis=fsdp", *batch)
+    assert "network-collective-in-loop" in lints(tmp_path / "fsdp.json")
+    tensor = ("--mesh", "data=1,fsdp=8,tensor=2,expert=1", "--set", "dcn_axis=tensor")
+    _dump("h100-2x8", tmp_path / "tp.json", *tensor, *batch)
+    found = {f.lint: f for f in load_plan(tmp_path / "tp.json").findings}
+    assert "2 GPUs laid across hosts" in found["tensor-parallel-across-network"].message
+
+
+@needs_plugin
+@pytest.mark.slow
 def test_gpu_plan_is_deterministic(h100_plans):
     assert h100_plans["h100-2x8"].read_bytes() == h100_plans["h100-2x8 again"].read_bytes()
 

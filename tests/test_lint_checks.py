@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from lint_helpers import placed, plan, preset, row, run
 
+from shardscope.case.gpu import load_gpu_hardware, parse_gpu_cluster
 from shardscope.case.hardware import load_hardware
 from shardscope.case.lints import LINT_IDS, LINTS, get_lint
 from shardscope.case.rules import Indivisible
@@ -379,6 +380,73 @@ def test_plans_that_do_not_fit_the_hardware():
     assert "a lower bound" in found.message and "params 12.0 GiB" in found.message
     assert run("hbm-overflow", LintContext(preset=chosen, plan=plan({"params/w": small}), hardware=v5e)) == []
     assert run("hbm-overflow", LintContext(preset=chosen, plan=plan({"params/w": huge}))) == []
+
+
+def test_gpu_plans_are_held_against_their_gpus_memory_as_the_compiler_adds_it_up():
+    h100 = load_gpu_hardware("h100")  # 80 GB
+    chosen = preset([["embed", ["fsdp"]]])
+    memory = (("argument_bytes", 30 * 10**9), ("output_bytes", 30 * 10**9), ("alias_bytes", 30 * 10**9))
+    over = plan({}, memory=(*memory, ("temp_bytes", 60 * 10**9)), backend="gpu", topology="h100-1x8")
+    ctx = LintContext(preset=chosen, plan=over, cluster=parse_gpu_cluster("h100-1x8"), gpu=h100)
+    (found,) = run("hbm-overflow", ctx)
+    assert found.subject == "HBM per device on h100" and "the GPU compiler's figures" in found.message
+    assert "temp 55.9 GiB" in found.message
+    under = dataclasses.replace(ctx, plan=plan({}, memory=(*memory, ("temp_bytes", 40 * 10**9)), backend="gpu"))
+    assert run("hbm-overflow", under) == []
+
+
+# network-collective-in-loop and tensor-parallel-across-network (GPU clusters)
+
+
+def _gpu_ctx(rows, mesh=(("data", 2), ("fsdp", 4), ("tensor", 2)), cluster="h100-2x8"):
+    chosen = preset([["embed", ["fsdp"]]], mesh_axes=[axis for axis, _ in mesh])
+    on_gpu = plan({}, mesh, rows, backend="gpu", topology=cluster)
+    return LintContext(preset=chosen, plan=on_gpu, slices=2, cluster=parse_gpu_cluster(cluster))
+
+
+def _linked(op, axes, shape, trips, link):
+    return dataclasses.replace(row(op, axes, shape, trips), link=link)
+
+
+def test_loop_collectives_over_the_network_where_nvlink_could_carry_them():
+    rows = [
+        _linked("all-gather", ["fsdp"], [8, 64], 4, "network"),  # 4 GPUs: one host of 8 would hold them
+        _linked("all-gather", ["fsdp"], [8, 64], 4, "nvlink"),
+        _linked("all-reduce", ["data"], [64], 1, "network"),  # once per step: data parallelism
+        _linked("all-reduce", ["data"], [64], 4, "network"),  # its gradient sum, layer by layer: still once
+        _linked("all-gather", ["data", "fsdp"], [64], 4, "network"),  # 8 GPUs: would fit one host too
+    ]
+    found = run("network-collective-in-loop", _gpu_ctx(rows))
+    assert [f.subject for f in found] == [
+        "all-gather over data+fsdp forward at decoder",
+        "all-gather over fsdp forward at decoder",
+    ]
+    assert "inside loops of 4 trips (1 rows, 2.0 KiB per iteration), although its 4 GPUs would fit one domain of 8" in (
+        found[1].message
+    )
+    wide = [_linked("all-gather", ["data", "fsdp"], [64], 4, "network")]  # 16 GPUs: no host holds them
+    assert run("network-collective-in-loop", _gpu_ctx(wide, mesh=(("data", 4), ("fsdp", 4)))) == []
+    # TPU plans: the cross-slice lint's; GPU plans: never the cross-slice lint's
+    assert run("network-collective-in-loop", dataclasses.replace(_gpu_ctx(rows), cluster=None)) == []
+    assert run("dcn-collective-in-loop", _gpu_ctx(rows)) == []
+
+
+def test_tensor_parallel_groups_split_across_nvlink_domains():
+    rows = [
+        _linked("all-reduce", ["tensor"], [8, 64], 4, "network"),
+        _linked("all-reduce", ["tensor"], [64], 4, "network"),
+        _linked("all-gather", ["fsdp"], [64], 4, "nvlink"),
+    ]
+    (found,) = run("tensor-parallel-across-network", _gpu_ctx(rows))
+    assert found.subject == "tensor parallelism over tensor"
+    assert "2 collective rows over tensor cross the network" in found.message
+    assert "2 GPUs laid across hosts, where one domain of 8 would hold them): 9.0 KiB per device" in found.message
+    big = run("tensor-parallel-across-network", _gpu_ctx(rows, mesh=(("fsdp", 1), ("tensor", 16))))
+    assert "16 GPUs, more than one domain's 8" in big[0].message
+    # the tensor rows are this lint's only: the loop lint leaves them out
+    assert run("network-collective-in-loop", _gpu_ctx(rows)) == []
+    on_nvlink = [dataclasses.replace(r, link="nvlink") for r in rows]
+    assert run("tensor-parallel-across-network", _gpu_ctx(on_nvlink)) == []
 
 
 # silencing, ordering and JSON

@@ -217,13 +217,37 @@ _LINTS = (
         "sharding over `data` causes it (the row's source names the module) and keep that axis to the batch.",
     ),
     LintInfo(
+        "network-collective-in-loop",
+        "warning",
+        COMPILE,
+        "on a GPU cluster, a collective of the layer loop crossing the network where NVLink could carry it",
+        "On a GPU cluster, the GPUs of one NVLink domain (an HGX host's 8, a GB200 NVL72 rack's 72) talk over "
+        "NVLink; between domains, over each GPU's network card, about a ninth of NVLink's bandwidth on "
+        "H100, H200 and B200. A collective inside the scanned layers (loop trips > 1) whose device groups "
+        "cross the network, over mesh axes whose GPUs would fit in one domain, pays that every layer for a "
+        "placement choice: lay those axes inside the host (MaxText's `ici_*_parallelism`) and put a batch "
+        "axis, which moves once per step, across hosts (`dcn_data_parallelism`, `dcn_fsdp_parallelism`).",
+    ),
+    LintInfo(
+        "tensor-parallel-across-network",
+        "warning",
+        COMPILE,
+        "on a GPU cluster, a tensor-parallel axis split across NVLink domains",
+        "Tensor parallelism (`tensor`, `tensor_transpose`, `tensor_sequence`) sums partial results of every "
+        "split matmul, on every layer's critical path, so its groups belong inside one NVLink domain. When "
+        "its collectives cross the network, the axis is larger than a domain or laid across hosts: keep it "
+        "within one domain (at most its GPUs, on `ici_tensor_parallelism`) and split across hosts over data "
+        "or FSDP.",
+    ),
+    LintInfo(
         "hbm-overflow",
         "error",
         TRACE,
         "the plan does not fit the target hardware's HBM",
         "The per-device memory the plan needs, against the HBM of one device of the target TPU generation "
-        "(the topology's, or --hardware): the TPU compiler's own figures when the plan was compiled for TPU "
-        "(or its refusal to compile), else shardscope's estimate from the tensors (parameters, optimizer "
+        "(the topology's, or --hardware) or of the GPU cluster's GPUs: the compiler's own figures when the "
+        "plan was compiled for TPU or GPU (or its refusal to compile; the GPU compiler's arguments, outputs "
+        "and temporaries added up), else shardscope's estimate from the tensors (parameters, optimizer "
         "state, inputs, gradients, activations kept for the backward pass), which is a lower bound: if even "
         "that does not fit, the step cannot. Shard more (FSDP over more devices), lower the batch "
         "(--set model.per_device_batch=…), or use more devices.",

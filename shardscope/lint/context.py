@@ -16,6 +16,7 @@ from shardscope.plan.document import Plan
 from shardscope.plan.records import TensorRecord
 
 if TYPE_CHECKING:
+    from shardscope.case.gpu import GpuCluster, GpuHardware
     from shardscope.case.hardware import Hardware
 
 # A logical-axes tuple, one name (or None) per dimension.
@@ -38,7 +39,10 @@ class LintContext:
       compiler_log: what the compiler wrote to stderr while compiling; None when not compiled, or when its
         warnings could not be captured in this process.
       hardware: the TPU generation to check memory against, if any.
-      slices: TPU slices joined over DCN (`data` spans them unless the case names another axis).
+      slices: TPU slices joined over DCN (`data` spans them unless the case names another axis); on a GPU
+        cluster, its NVLink domains.
+      cluster: the GPU cluster planned for (None elsewhere).
+      gpu: its GPUs' published figures, to check memory against (None elsewhere).
     """
 
     preset: Preset
@@ -49,6 +53,8 @@ class LintContext:
     hardware: Hardware | None = None
     slices: int = 1
     notes: tuple[str, ...] = field(default=())
+    cluster: GpuCluster | None = None
+    gpu: GpuHardware | None = None
 
     @property
     def rules(self) -> tuple[Rule, ...]:

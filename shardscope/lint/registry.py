@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from shardscope.case.lints import LINT_IDS
 from shardscope.lint.context import LintContext
+from shardscope.lint.gpu_checks import check_network_collectives, check_tensor_parallel_across_network
 from shardscope.lint.remat import check_remat
 from shardscope.lint.rule_checks import (
     check_absent_axes,
@@ -47,6 +48,8 @@ CHECKS: dict[str, Check] = {
     "expert-gather-in-loop": check_expert_gathers,
     "dcn-weight-in-loop": check_dcn_weights,
     "dcn-collective-in-loop": check_dcn_collectives,
+    "network-collective-in-loop": check_network_collectives,
+    "tensor-parallel-across-network": check_tensor_parallel_across_network,
     "hbm-overflow": check_hbm,
 }
 

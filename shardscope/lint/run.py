@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from shardscope.case.gpu import load_gpu_hardware
 from shardscope.case.hardware import Hardware, load_hardware
 from shardscope.case.lints import COMPILE, LINTS
 from shardscope.case.preset_lint import LintSettings
@@ -86,6 +87,8 @@ def plan_findings(
         compiler_log=compiler_log,
         hardware=hardware if hardware is not None else case_hardware(case),
         slices=case.topology.slices,
+        cluster=case.topology.gpu,
+        gpu=None if case.topology.gpu is None else load_gpu_hardware(case.topology.gpu.generation),
     )
     return run_checks(ctx, case.preset.lint)
 

@@ -1,5 +1,6 @@
 """Lints of the compiled step: expert weights gathered over their expert-parallel axes inside the layer loop,
-collectives over the cross-slice axis inside it, and a plan that does not fit the target's HBM."""
+collectives over the cross-slice axis inside it, and a plan that does not fit the target's HBM (a TPU's or a
+GPU's)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 
 from shardscope.case.rules import entry_axes, explain_logical
 from shardscope.case.topology import DCN_AXIS, dcn_axes_of
+from shardscope.cost.gpu import gpu_memory
 from shardscope.cost.memory import memory_need
 from shardscope.lint.context import LintContext, axes_text, rule_subject
 from shardscope.plan.findings import Finding
@@ -27,7 +29,8 @@ def row_subject(row: CollectiveRow) -> str:
     return f"{row.op} over {axes_label(row)} {row.dtype}[{shape}] {row.pass_} at {row.source or '(top level)'}"
 
 
-def _in_loop(row: CollectiveRow) -> bool:
+def in_loop(row: CollectiveRow) -> bool:
+    """Whether a row runs inside a loop of more than one trip (or of an unknown count)."""
     return row.loop_trips is None or row.loop_trips > 1
 
 
@@ -86,7 +89,7 @@ def check_expert_gathers(ctx: LintContext) -> Iterator[Finding]:
         return
     weights = list(_expert_weights(ctx))
     for row in ctx.plan.collectives:
-        if not row.op.startswith("all-gather") or not _in_loop(row) or not row.axes:
+        if not row.op.startswith("all-gather") or not in_loop(row) or not row.axes:
             continue
         matched = [
             (path, ep)
@@ -116,11 +119,12 @@ def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
     the case names another) inside the layer loop, one finding per (op, axes, pass, source)."""
     spanning = dcn_axes_of(ctx.plan.case.overrides)
     across = "+".join(spanning)
-    if ctx.slices <= 1 or not ctx.plan.holds("collectives"):
+    # A GPU cluster's rows say which network they cross: `network-collective-in-loop` reads that instead.
+    if ctx.slices <= 1 or ctx.cluster is not None or not ctx.plan.holds("collectives"):
         return
     groups: dict[tuple[str, tuple[str, ...], str, str], list[CollectiveRow]] = defaultdict(list)
     for row in ctx.plan.collectives:
-        if row.axes and any(axis in row.axes for axis in spanning) and _in_loop(row):
+        if row.axes and any(axis in row.axes for axis in spanning) and in_loop(row):
             groups[(row.op, row.axes, row.pass_, row.source)].append(row)
     for (op, axes, pass_, source), rows in sorted(groups.items()):
         per_iteration = sum(r.bytes * r.count for r in rows)
@@ -139,20 +143,24 @@ def check_dcn_collectives(ctx: LintContext) -> Iterator[Finding]:
 
 
 def check_hbm(ctx: LintContext) -> Iterator[Finding]:
-    """`hbm-overflow`: the plan's per-device memory need exceeds the target hardware's HBM."""
-    if ctx.hardware is None:
+    """`hbm-overflow`: the plan's per-device memory need exceeds the target hardware's HBM (a GPU's: as its
+    compiler's figures add up)."""
+    if ctx.gpu is not None and ctx.plan.memory:
+        need, target, bound = gpu_memory(ctx.plan, ctx.gpu), ctx.gpu.name, " (the GPU compiler's figures)"
+    elif ctx.hardware is not None:
+        need, target = memory_need(ctx.plan, ctx.hardware), ctx.hardware.name
+        estimated = " at least (estimated from the tensors: a lower bound)"
+        bound = " (the TPU compiler's figures)" if need.exact else estimated
+    else:
         return
-
-    need = memory_need(ctx.plan, ctx.hardware)
     if need.fits:
         return
     largest = sorted(need.categories, key=lambda item: -item[1])[:3]
     parts = ", ".join(f"{name} {human_bytes(size)}" for name, size in largest)
-    bound = " (the TPU compiler's figures)" if need.exact else " at least (estimated from the tensors: a lower bound)"
     yield Finding(
         "hbm-overflow",
         "error",
-        f"HBM per device on {ctx.hardware.name}",
+        f"HBM per device on {target}",
         f"needs {human_bytes(need.total)}{bound} of {human_bytes(need.capacity)}: over by "
         f"{human_bytes(need.over)} (largest: {parts})",
         "shard more (FSDP over more devices), lower --set model.per_device_batch=…, or use more devices",
@@ -160,12 +168,13 @@ def check_hbm(ctx: LintContext) -> Iterator[Finding]:
 
 
 def compile_refusal(ctx: LintContext, message: str) -> Finding:
-    """`hbm-overflow` from the TPU compiler's own refusal to fit the step in device memory."""
+    """`hbm-overflow` from the compiler's own refusal to fit the step in device memory."""
     devices = math.prod(size for _, size in ctx.plan.case.mesh)
+    compiler = "GPU" if ctx.cluster is not None else "TPU"
     return Finding(
         "hbm-overflow",
         "error",
         f"HBM per device on {ctx.plan.case.topology}",
-        f"the TPU compiler cannot fit the step on {devices} devices: {message}",
+        f"the {compiler} compiler cannot fit the step on {devices} devices: {message}",
         "shard more (FSDP over more devices), lower --set model.per_device_batch=…, or use more devices",
     )

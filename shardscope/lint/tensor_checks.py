@@ -219,14 +219,16 @@ def check_dcn_weights(ctx: LintContext) -> Iterator[Finding]:
         for dim, entry in enumerate(tensor.spec):
             if any(axis in entry_axes(entry) for axis in spanning):
                 groups[str(logical[dim])].append(path)
+    # A GPU cluster's "slices" are its NVLink domains, joined by the hosts' network cards.
+    slices, network = ("NVLink domains", "network") if ctx.cluster else ("slices", "data-center network")
     for name, paths in sorted(groups.items()):
         more = f" (and {len(paths) - 1} more: {_examples(paths[1:])})" if len(paths) > 1 else ""
         yield Finding(
             "dcn-weight-in-loop",
             "warning",
             paths[0],
-            f"weights of the scanned layers have {name!r} sharded over {across!r}, which spans {ctx.slices} slices: "
-            f"gathered across the data-center network in every layer{more}",
+            f"weights of the scanned layers have {name!r} sharded over {across!r}, which spans {ctx.slices} "
+            f"{slices}: gathered across the {network} in every layer{more}",
             f"take {across!r} out of the rules for {name!r}; keep it to the batch"
-            + ("" if across == DCN_AXIS else f", or join the slices over {DCN_AXIS!r} (dcn_data_parallelism)"),
+            + ("" if across == DCN_AXIS else f", or join the {slices} over {DCN_AXIS!r} (dcn_data_parallelism)"),
         )
