@@ -40,6 +40,7 @@ from shardscope.plan.records import TensorRecord, is_stack_name
 from shardscope.predict.layout import (
     Placement,
     Weight,
+    activation_dtype,
     capacity,
     dense_dispatch,
     feature_dims,
@@ -50,7 +51,7 @@ from shardscope.predict.layout import (
     sequence_length,
     stack_of,
 )
-from shardscope.predict.roles import Attention, block_input, embed_width
+from shardscope.predict.roles import Attention, block_input, embed_width, sharing_blocks, unplaced_modules
 
 # HBM passes over a MoE block's slots per forward pass. As written there are four (the tokens read by the
 # gather that fills them, the slots written, read by the expert matmuls, the outputs' slots read back by the
@@ -105,16 +106,18 @@ def expert_slots(plan: Plan, weight: Weight, case: Case | None, fallback: int) -
     return peers * capacity(local, case, sequence_length(inputs))
 
 
-def _activation_itemsize(case: Case | None) -> int:
-    """Bytes per element of the activations: the model's dtype (float32 where the case no longer resolves)."""
-    return nbytes((1,), case.model.dtype) if case is not None else 4
+def _activation_itemsize(plan: Plan, case: Case | None) -> int:
+    """Bytes per element of the activations (`layout.activation_dtype`; float32 where neither the case nor
+    the plan's activations say)."""
+    dtype = activation_dtype(plan, case)
+    return nbytes((1,), dtype) if dtype is not None else 4
 
 
 def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micro: int, saved: frozenset[str]) -> _Use:
     """The weight's matmul in one layer: tokens × its slice as the layer uses it (weight bytes in its own
     dtype, the tokens in and out in the activations')."""
     shape = weight.layer_shape
-    itemsize = _activation_itemsize(case)
+    itemsize = _activation_itemsize(plan, case)
     if weight.is_expert:
         slots = expert_slots(plan, weight, case, tokens)
         local_experts = shape[0]
@@ -150,7 +153,7 @@ def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: 
     """Each MoE block's token dispatch and combine: its slots [local experts, slots, embed] are zeroed,
     scattered into, read by the first matmuls, and the outputs' slots gathered back (memory-bound). In
     MaxText's dense MoE, two one-hot matmuls instead (`_dense_dispatch`)."""
-    itemsize = _activation_itemsize(case)
+    itemsize = _activation_itemsize(plan, case)
     uses: list[_Use] = []
     blocks: set[str] = set()
     for weight in every:
@@ -188,7 +191,7 @@ def _dense_dispatch(
         # The ring gathers its group's tokens and masks them for the local experts only.
         masked, experts = expert_slots(plan, weight, case, tokens) // per_row * seq, local_experts
     flops = 2.0 * masked * experts * per_row * inputs.shape[-1]
-    mask_bytes = masked * experts * per_row * _activation_itemsize(case)
+    mask_bytes = masked * experts * per_row * _activation_itemsize(plan, case)
     use = _Use(flops, slot_bytes + 2 * mask_bytes, weight.loop_trips, bubble, recomputed=False)
     return [use, use]  # the dispatch and the combine
 
@@ -234,14 +237,18 @@ def flash_kernel(case: Case | None) -> DecoderConfig | None:
 def _elementwise(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
     """Each recorded activation written and read once (norms, activation functions, the residual stream)."""
     uses: list[_Use] = []
+    unplaced = set(unplaced_modules(plan))
     for path, record in plan.tensors:
         if record.kind != "activation" or record.logical is None:
             continue
         module = path.removeprefix("activations/").rsplit("/", 1)[0]
-        stack = stack_of(module, every)
-        trips = stack.loop_trips if stack is not None and _in_stack(module, stack) else 1
-        bubble = _bubble(case, stack, tokens, micro) if stack is not None and trips > 1 else 1.0
-        uses.append(_Use(0.0, _ELEMENTWISE_PASSES * record.bytes_per_device, trips, bubble))
+        # Recorded apart from the weights, once for every layer that runs it: once per layer of each block.
+        blocks = sharing_blocks(plan, path, record) if module in unplaced else ()
+        for block in blocks or (module,):
+            stack = stack_of(block, every)
+            trips = stack.loop_trips if stack is not None and _in_stack(block, stack) else 1
+            bubble = _bubble(case, stack, tokens, micro) if stack is not None and trips > 1 else 1.0
+            uses.append(_Use(0.0, _ELEMENTWISE_PASSES * record.bytes_per_device, trips, bubble))
     return uses
 
 
