@@ -89,6 +89,8 @@ def _stored_plans() -> list[tuple[str, str, Plan, float]]:
     """(name, TPU generation, tensors-only plan, compiled expected step) of every stored run plan."""
     found = []
     for path in sorted(PLANS.glob("*.json")):
+        if path.name.endswith(".gpu.json"):
+            continue  # a GPU cluster's plan prices on its own GPU only, not as a TPU generation
         plan = plan_from_json(path.read_text(), path.name)
         generation = match.group(1) if (match := _GENERATION.search(path.stem)) else "v5p"
         compiled = price_plan(plan, generation).estimate
@@ -125,6 +127,8 @@ def runs() -> None:
     print(f"\n{'published run plan':44} {'compiled':>10} {'predicted':>10} {'error':>7}   comm: compiled / predicted")
     errors: dict[str, list[float]] = {"dense": [], "moe": [], "pipeline": []}
     for path in sorted(PLANS.glob("*.json")):
+        if path.name.endswith(".gpu.json"):
+            continue  # a GPU cluster's plan prices on its own GPU only, not as a TPU generation
         plan = plan_from_json(path.read_text(), path.name)
         found = _GENERATION.search(path.stem)
         generation = found.group(1) if found else "v5p"
