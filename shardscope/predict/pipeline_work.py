@@ -36,7 +36,10 @@ LOOP_STATE_PASSES = 2 * (READ + WRITE)
 def conversion_passes(computed: str, stored: str) -> float:
     """Passes, in the stored weight's bytes, over one visit's gradient converted for a sum in the stored
     dtype: read in the dtype it was computed in and written in the stored one (bfloat16 computed for a
-    float32 weight: half a pass read, one written, 1.5)."""
+    float32 weight: half a pass read, one written, 1.5); none where it was computed in the stored dtype
+    (no conversion)."""
+    if computed == stored:
+        return 0.0
     return READ * nbytes((1,), computed) / nbytes((1,), stored) + WRITE
 
 
