@@ -237,3 +237,37 @@ def test_maxtexts_own_program_is_predicted_as_the_reference_model_under_the_same
         assert predicted is not None and wanted is not None
         assert predicted.communication == pytest.approx(wanted.communication, rel=0.02)
         assert predicted.expected == pytest.approx(wanted.expected, rel=0.05)
+
+
+def test_tensor_sequence_splits_the_weights_inside_the_layers_as_tensor_parallelism():
+    """MaxText's `tensor_sequence` splits the residual stream's length and, inside the layers, their heads and
+    MLP features (`layout.sequence_parallel_axes`): the layers run on the tokens gathered over it and keep
+    their weights split on it, so an output projection's partial output is all-reduced over it, as the TPU
+    compile does (it moves more: it also gathers the sequence over `context_usp_ulysses` first), and no
+    weight split on it is gathered over it."""
+    from shardscope.predict.layout import placement_of, sequence_parallel_axes
+
+    stem = (
+        "default__diloco1_data1_stage1_fsdp1_fsdp_transpose1_context1_context_usp_ulysses8_"
+        "context_autoregressive1_tensor1_tensor_sequence8_expert1_autoregressive1.tpu.json"
+    )
+    compiled = plan_from_json((ROOT / "benchmarks" / "plans" / "advise" / stem).read_text())
+    plan = tensors_only(compiled)
+    found = placement_of(plan)
+    assert sequence_parallel_axes(plan, found.batch_axes) == ("tensor_sequence",)
+    assert found.layer_tokens == found.tokens * 8
+    predicted = predicted_plan(plan)
+
+    def sums(rows, source):
+        return [r for r in rows if r.op == "all-reduce" and r.axes == ("tensor_sequence",) and r.source == source]
+
+    for source in ("decoder/moe_layers/self_attention/out", "decoder/moe_layers/DeepSeekMoeBlock_0/shared_experts/wo"):
+        forward = [r for r in sums(predicted.collectives, source) if r.pass_ == "forward"]
+        assert [r.shape for r in forward] == [(found.layer_tokens, 2048)]
+        assert sums(compiled.collectives, source)
+    split = {w.path for w in found.weights if "tensor_sequence" in w.kept_axes}
+    assert split and not any(
+        "tensor_sequence" in r.axes and r.op == "all-gather" and set(r.cause.tensors) & split
+        for r in predicted.collectives
+        if r.cause is not None
+    )

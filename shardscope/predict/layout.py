@@ -32,7 +32,9 @@ from shardscope.predict.roles import (
     checkpoint_names,
     chosen,
     expert_layout,
+    layer_tokens,
     module_of,
+    sequence_parallel_axes,
     token_ids,
     tokens_first,
 )
@@ -362,6 +364,7 @@ class Placement:
     micro_tokens: int  # `microbatch_tokens` (= tokens outside pipelines)
     attention: tuple[Attention, ...] = ()  # `roles.attention_blocks`
     dtype: str | None = None  # `activation_dtype`
+    layer_tokens: int = 0  # `layer_tokens` (= tokens without sequence parallelism)
 
 
 def placement_of(plan: Plan, case: Case | None = None) -> Placement:
@@ -370,9 +373,13 @@ def placement_of(plan: Plan, case: Case | None = None) -> Placement:
     batch = token_axes(plan)
     tokens = device_tokens(plan)
     blocks = attention_blocks(plan, parameters(plan))
-    every = weights(plan, case, batch, blocks)
+    # A sequence-parallel axis splits the tokens outside the layers only: inside, it splits the weights.
+    sequence = sequence_parallel_axes(plan, batch)
+    inside = tuple(axis for axis in batch if axis not in sequence)
+    every = weights(plan, case, inside, blocks)
     micro = microbatch_tokens(case, tokens, mesh_sizes(plan), batch)
-    return Placement(case, batch, every, tokens, micro, blocks, activation_dtype(plan, case))
+    dtype = activation_dtype(plan, case)
+    return Placement(case, batch, every, tokens, micro, blocks, dtype, layer_tokens(plan, tokens, sequence))
 
 
 def collective_row(

@@ -89,7 +89,7 @@ def predict_collectives(
         rows.extend(weight_gathers(plan, weight, rules, remat, gathered, once, zero1, 2 if twice else 1))
         rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype, summed_once))
     if found.dtype is not None:
-        rows.extend(tensor_parallel_sums(plan, every, found.tokens, found.dtype, remat))
+        rows.extend(tensor_parallel_sums(plan, every, found.layer_tokens or found.tokens, found.dtype, remat))
     rows.extend(lookup_collectives(plan, case, found.tokens, batch))
     rows.extend(pipeline_collectives(plan, every, case, found.tokens, found.micro_tokens, batch))
     operand = dot_operand_dtype if on_tpu else str

@@ -21,6 +21,8 @@ their shapes match (`sharing_blocks`).
   its module (or in a module of no weight's path), that splits each dimension on axes the stored weight
   splits it on too; the MoE block's other activations lie beside it;
 - the residual stream entering a layer: its activations on `activation_embed`;
+- a sequence-parallel axis: a token axis that also splits the features of the layers' activations
+  (`sequence_parallel_axes`): inside the layers it splits the weights, not the tokens;
 - the name a projection's output carries for the remat policies, by its logical axes (`CHECKPOINTS`).
 
 Where several tensors fit a role they have the same logical axes and shape, so the same placement, and any
@@ -29,6 +31,7 @@ of them gives the same numbers: the one chosen is the least by its record, then 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -185,6 +188,33 @@ def token_ids(plan: Plan) -> TensorRecord | None:
         and "length" in (record.logical[1] or "")
     )
     return found[1] if found is not None else None
+
+
+def sequence_parallel_axes(plan: Plan, tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """The token axes (`token_axes`) that also split the features of the layers' activations [batch, length,
+    …] (their heads, head sizes or hidden features; experts aside), in mesh order: MaxText's
+    `tensor_sequence` splits the residual stream's length and, inside the layers, their heads and MLP
+    features. The layers run on the tokens gathered over such an axis, with their weights kept split on it
+    (tensor parallelism): their matmuls' partial outputs are summed over it, their weights neither gathered
+    nor their gradients summed over it."""
+    found: set[str] = set()
+    for _, record in plan.tensors:
+        if record.kind != "activation" or record.logical is None or len(record.shape) < 3:
+            continue
+        if not tokens_first(record):
+            continue
+        for name, entry in list(zip(record.logical, record.spec, strict=False))[2:]:
+            if name is not None and "exp" not in name:
+                found.update(entry_axes(entry))
+    return tuple(axis for axis in tokens if axis in found)
+
+
+def layer_tokens(plan: Plan, tokens: int, sequence_parallel: tuple[str, ...]) -> int:
+    """Tokens a device holds inside the layers: the token ids' shard, gathered over the sequence-parallel
+    axes that split the ids (`sequence_parallel_axes`)."""
+    ids = token_ids(plan)
+    split = {axis for entry in (ids.spec if ids is not None else ()) for axis in entry_axes(entry)}
+    return tokens * math.prod(size for axis, size in plan.case.mesh if axis in sequence_parallel and axis in split)
 
 
 def lookup_table(plan: Plan) -> Named | None:

@@ -306,7 +306,10 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     grouped = case is not None and case.model.expert_matmul == "grouped"
     matrices = [w for w in every if not _is_vector(w)]
     experts = [w for w in matrices if grouped and w.is_expert]
-    matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
+    # Matmuls run on the tokens inside the layers (gathered over sequence-parallel axes, `layout.layer_tokens`).
+    inside = found.layer_tokens or tokens
+    inside_micro = micro * inside // tokens
+    matmuls = [_weight_use(plan, w, case, inside, inside_micro, saved) for w in matrices if w not in experts]
     attention = _attention_uses(found.attention, every, case, tokens, "context" in saved)
     # A flash kernel keeps its scores on chip: priced as the kernel (its FLOPs at the kernel's efficiency, as
     # a compiled plan's kernel ops are), a plain attention as the matmuls it is.
