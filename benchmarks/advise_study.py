@@ -16,6 +16,7 @@ re-ranks: the prediction is deterministic, so it chooses the same candidates unt
 
   python benchmarks/advise_study.py --rank        # run advise --predict-only and keep its ranking
   python benchmarks/advise_study.py --compile     # compile the chosen candidates not compiled yet
+  python benchmarks/advise_study.py --repredict   # the same candidates, predicted again (after a change)
   python benchmarks/advise_study.py               # the comparison (Markdown)
   python benchmarks/advise_study.py --write       # ... into docs/concepts/advise-study.md (--check: stale?)
 """
@@ -135,6 +136,30 @@ def rank() -> int:
     return 0
 
 
+def repredict() -> int:
+    """The chosen candidates kept, each with its rank and predicted step under the prediction as it is now
+    (advise --predict-only again, no compile): the compiled plans stay comparable after the prediction
+    changes, where --rank would choose candidates that were never compiled."""
+    counts, ranked = ranked_by_advise()
+    now = {(c.preset, c.mesh): c for c in ranked}
+    record = json.loads(CHOSEN.read_text())
+    kept = []
+    for old in (Candidate(**c) for c in record["chosen"]):
+        found = now.get((old.preset, old.mesh))
+        kept.append(old if found is None else dataclasses.replace(old, rank=found.rank, predicted=found.predicted))
+    kept.sort(key=lambda c: c.rank)
+    record.update(counts=counts, ranked=len(ranked), chosen=[dataclasses.asdict(c) for c in kept])
+    record["top"] = dataclasses.asdict(ranked[0])  # the prediction's own pick now, compiled or not
+    CHOSEN.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+def top() -> Candidate | None:
+    """The prediction's own pick when the candidates were predicted again (`--repredict`), else None."""
+    found = json.loads(CHOSEN.read_text()).get("top")
+    return None if found is None else Candidate(**found)
+
+
 def chosen() -> tuple[int, list[Candidate]]:
     """(how many plans the prediction ranked, the chosen candidates)."""
     record = json.loads(CHOSEN.read_text())
@@ -244,6 +269,13 @@ def report() -> str:
             f"{pick['compiled']:.2f} s; the best compiled is #{best['predicted rank']} ({best['preset']} "
             f"{best['mesh']}) at {best['compiled']:.2f} s: regret {100 * regret:+.1f}%",
         ]
+        own = top()
+        if own is not None and own.rank != pick["predicted rank"]:
+            shown = ",".join(f"{k}={v}" for k, v in own.axes.items() if v > 1)
+            lines.append(
+                f"- The prediction's own pick now, #{own.rank} ({own.preset} {shown}, {own.predicted:.2f} s), is not "
+                "among the compiled candidates (they were chosen by an earlier ranking): its regret is not known"
+            )
         for kind, group in done.groupby("kind", sort=True):
             errors = group["predicted"] / group["compiled"] - 1
             lines.append(
@@ -278,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rank", action="store_true", help="run advise --predict-only and keep its ranking")
     parser.add_argument("--compile", action="store_true", help="compile the chosen candidates not compiled yet")
+    parser.add_argument("--repredict", action="store_true", help="the chosen candidates' predictions, made again")
     parser.add_argument("--write", action="store_true", help=f"write the comparison into {PAGE.name}")
     parser.add_argument("--check", action="store_true", help=f"exit 1 when {PAGE.name} is stale")
     args = parser.parse_args(argv)
@@ -296,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rank:
         return rank()
+    if args.repredict:
+        return repredict()
     if args.compile:
         return compile_missing()
     print(report())

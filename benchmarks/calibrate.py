@@ -6,6 +6,8 @@ What is fitted, and to what:
   fitting run planned on both routes, the TPU compile's bytes of ops without matrix work against the CPU
   compile's elementwise bytes × the one, plus its gathers' and scatters' × the other, plus its `buffer`
   bytes as counted (least squared log error).
+- the prediction's pipeline passes are counted from the program, not fitted: the fitting set has no
+  pipelined run (`program_counts.py`; CALIBRATION.md's last section says so, as the plans give it).
 - `hbm_efficiency`, `kernel_efficiency` (one each for every generation) and `mxu_efficiency` (each
   generation with `MIN_RUNS` fitting runs or more has its own; the shared one, fitted over every fitting
   run, prices the others): the least mean squared log error of the expected step against the measured one,
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import program_counts
 import published_runs
 
 import shardscope
@@ -355,6 +358,7 @@ def record(runs: Sequence[dict[str, Any]], at: Fit, loo: dict[str, Fit]) -> str:
         f"- CPU route: MAPE {mape(e.in_sample for e in cpu):.1f}% in sample, "
         f"{mape(e.left_out for e in cpu if e.left_out is not None):.1f}% left out, over {len(cpu)} runs",
         "",
+        *program_counts.section(runs),
     ]
     return "\n".join(lines)
 

@@ -32,7 +32,7 @@ def bench():
         yield calibrate, published_runs
     finally:
         sys.path.remove(str(BENCHMARKS))
-        for name in ("calibrate", "published_runs"):
+        for name in ("calibrate", "published_runs", "program_counts"):
             sys.modules.pop(name, None)
 
 
@@ -87,6 +87,24 @@ def test_the_published_runs_page_and_the_readme_summary_are_generated_from_the_s
     for path, text in published_runs.generated(published_runs.rows(), left_out).items():
         assert published_runs.PAGE_START in text or path != published_runs.PAGE
         assert path.read_text() == text, f"{path.name} is stale: run python benchmarks/published_runs.py --write"
+
+
+def test_the_pipeline_passes_are_counted_from_the_program_as_no_fitting_run_pipelines(bench):
+    """The prediction's pipeline passes could be fitted only to a pipelined run's measured step: the fitting
+    set has none (seed 003's four pipelined runs validate), so they are counted, and the record says so."""
+    calibrate, published_runs = bench
+    counts = importlib.import_module("program_counts")
+    runs = calibrate.fitting_runs(published_runs.catalogue())
+    assert counts.pipelined(runs) == []
+    seed = [run for run in published_runs.catalogue() if run["id"].startswith("seed003-")]
+    assert len(counts.pipelined(seed)) == len(seed) == 4
+    assert not any(published_runs.fits_constants(run) for run in seed)
+    section = "\n".join(counts.section(runs))
+    assert "no pipelined run" in section
+    from shardscope.predict.pipeline_work import counts as pass_counts
+
+    assert [c.value for c in pass_counts()] == [3, 1.5, 4]
+    assert all(f"| `{c.name}` | {c.value:g} |" in calibrate.RECORD.read_text() for c in pass_counts())
 
 
 def test_check_fails_when_the_table_differs_from_the_fit(bench, monkeypatch, capsys):

@@ -73,19 +73,20 @@ def _prediction_bytes(plan_of, mode: str, mesh: dict[str, int]) -> tuple[int, in
     Visit gradients, with Explicit axes only, per step: over each FSDP-split stage weight as a device stores
     it, g + 2g/repeats passes for the buffer of all the visits (g the split's size) and 3 for the add into the
     gradient; over a stage weight stored whole, the add into its visit's slot, 3 passes of one visit; and the
-    visit converted for its float32 sum, 1.5 passes of one gathered visit. With Auto axes nothing (the TPU adds
+    visit converted for its float32 sum, 1.5 passes of one gathered visit computed in bfloat16 (none computed in
+    float32: nothing to convert). With Auto axes nothing (the TPU adds
     the partial sums inside the matmuls). Loop state: 4 passes per iteration over the stage's share of the
     microbatches, the circular storage of all of them and the shift buffer."""
     from shardscope.predict.layout import placement_of
     from shardscope.predict.measure import tensors_only
-    from shardscope.predict.work import _loop_state, _visit_gradients
+    from shardscope.predict.pipeline_work import loop_state, visit_gradients
 
     overrides = {"pipeline.repeats": str(REPEATS), "pipeline.microbatches": "2", "shard_mode": mode}
     plan = tensors_only(plan_of(resolve_case("llama-tiny", "explicit-pipeline", mesh=mesh, overrides=overrides)))
     placement = placement_of(plan)
     case = placement.case
-    added = sum(entry.bytes for entry in _visit_gradients(plan, placement.weights, case))
-    state = sum(entry.bytes for entry in _loop_state(plan, placement.weights, case, placement.micro_tokens))
+    added = sum(entry.bytes for entry in visit_gradients(plan, placement.weights, case))
+    state = sum(entry.bytes for entry in loop_state(plan, placement.weights, case, placement.micro_tokens))
     steps = 2 * REPEATS + 2 - 1
     microbatches = 2 // mesh["stage"] + 2 + 1  # state_io's share, the circular storage, the shift buffer
     itemsize = 4 if case.model.dtype == "float32" else 2
@@ -98,7 +99,8 @@ def _prediction_bytes(plan_of, mode: str, mesh: dict[str, int]) -> tuple[int, in
         for axis in axes:
             gathered *= mesh[axis]
         passes = 3 + gathered * (1 + 2 / REPEATS) if gathered > 1 else 3 / REPEATS
-        expected += steps * round((passes + 1.5 * gathered / REPEATS) * record.bytes_per_device)
+        converted = 1.5 if itemsize == 2 else 0.0
+        expected += steps * round((passes + converted * gathered / REPEATS) * record.bytes_per_device)
     return added, expected, state, expected_state
 
 

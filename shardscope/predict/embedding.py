@@ -38,7 +38,7 @@ from shardscope.predict.layout import (
     moved_dtype,
     nbytes,
 )
-from shardscope.predict.roles import lookup_table, module_of
+from shardscope.predict.roles import lookup_table, module_of, token_ids
 
 _IDS_DTYPE = "int32"
 
@@ -52,7 +52,7 @@ def _id_axes(plan: Plan, batch: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     """The axes the looked-up token ids are split on, dimension by dimension: the token input's (a
     pipeline splits it over its stages too, where the activations inside are not), else the activations'
     token axes as one dimension."""
-    ids = plan.tensor_map.get("inputs/tokens")
+    ids = token_ids(plan)
     if ids is None:
         return (batch,)
     return tuple(axes for axes in (entry_axes(entry) for entry in ids.spec) if axes)
@@ -95,7 +95,7 @@ def lookup_collectives(plan: Plan, case: Case | None, tokens: int, batch: tuple[
     vocab_axes = in_mesh_order(plan, set(entry_axes(table.spec[0])))
     embed_axes = in_mesh_order(plan, set(entry_axes(table.spec[1])))
     vocab, embed = table.shape
-    moved = moved_dtype(table.dtype, case)
+    moved = moved_dtype(table.dtype, case.model.dtype)
     module = module_of(path)
     cause = Cause(tensors=(path,), consumer=f"{module}/gather", line=None, rules=())
     grad = Cause(tensors=(f"grads/{path}",), consumer=f"{module}/scatter-add", line=None, rules=())

@@ -30,11 +30,14 @@ from shardscope.predict.roles import (
     attention_blocks,
     attention_modules,
     checkpoint_names,
+    chosen,
     expert_layout,
+    layer_tokens,
     module_of,
+    sequence_parallel_axes,
+    token_ids,
+    tokens_first,
 )
-
-_TOKEN_INPUT = "inputs/tokens"
 
 # Activation dimensions that split the tokens: a weight used by split tokens is gathered whole over those axes
 # (FSDP), and its gradient is partial per device and summed over them.
@@ -95,8 +98,9 @@ def resolved(plan: Plan) -> Case | None:
 
 
 def device_tokens(plan: Plan) -> int:
-    """Tokens (batch × sequence) a device holds where a layer uses them: the token input's shard."""
-    tokens = plan.tensor_map.get(_TOKEN_INPUT)
+    """Tokens (batch × sequence) a device holds where a layer uses them: the token ids' shard
+    (`roles.token_ids`)."""
+    tokens = token_ids(plan)
     if tokens is None or not tokens.shard_shape:
         return 1
     return math.prod(tokens.shard_shape)
@@ -141,13 +145,27 @@ def dense_dispatch(case: Case | None) -> bool:
     return case is not None and case.model.capacity_factor is not None and case.model.expert_matmul != "grouped"
 
 
-def moved_dtype(weight_dtype: str, case: Case | None) -> str:
+def moved_dtype(weight_dtype: str, dtype: str | None) -> str:
     """The dtype a weight's gather and gradient sum move: the model casts its weights to the activations'
-    dtype where a layer uses them, and the compiler moves that cast before the collective (on TPU and CPU
-    alike), so a narrower activation dtype is what travels."""
-    if case is None:
+    dtype (`dtype`: `activation_dtype`) where a layer uses them, and the compiler moves that cast before the
+    collective (on TPU and CPU alike), so a narrower activation dtype is what travels."""
+    if dtype is None:
         return weight_dtype
-    return case.model.dtype if nbytes((1,), case.model.dtype) < nbytes((1,), weight_dtype) else weight_dtype
+    return dtype if nbytes((1,), dtype) < nbytes((1,), weight_dtype) else weight_dtype
+
+
+def activation_dtype(plan: Plan, case: Case | None) -> str | None:
+    """The activations' dtype: the case's model's, or where the case does not resolve here (a `maxtext:`
+    model without MaxText), the dtype the plan records its layers' activations [batch, length, …] in; None
+    without either."""
+    if case is not None:
+        return case.model.dtype
+    found = chosen(
+        (path, record)
+        for path, record in plan.tensors
+        if record.kind == "activation" and len(record.shape) >= 3 and tokens_first(record)
+    )
+    return found[1].dtype if found is not None else None
 
 
 def dot_operand_dtype(dtype: str) -> str:
@@ -345,6 +363,8 @@ class Placement:
     tokens: int  # `device_tokens`
     micro_tokens: int  # `microbatch_tokens` (= tokens outside pipelines)
     attention: tuple[Attention, ...] = ()  # `roles.attention_blocks`
+    dtype: str | None = None  # `activation_dtype`
+    layer_tokens: int = 0  # `layer_tokens` (= tokens without sequence parallelism)
 
 
 def placement_of(plan: Plan, case: Case | None = None) -> Placement:
@@ -353,8 +373,13 @@ def placement_of(plan: Plan, case: Case | None = None) -> Placement:
     batch = token_axes(plan)
     tokens = device_tokens(plan)
     blocks = attention_blocks(plan, parameters(plan))
-    every = weights(plan, case, batch, blocks)
-    return Placement(case, batch, every, tokens, microbatch_tokens(case, tokens, mesh_sizes(plan), batch), blocks)
+    # A sequence-parallel axis splits the tokens outside the layers only: inside, it splits the weights.
+    sequence = sequence_parallel_axes(plan, batch)
+    inside = tuple(axis for axis in batch if axis not in sequence)
+    every = weights(plan, case, inside, blocks)
+    micro = microbatch_tokens(case, tokens, mesh_sizes(plan), batch)
+    dtype = activation_dtype(plan, case)
+    return Placement(case, batch, every, tokens, micro, blocks, dtype, layer_tokens(plan, tokens, sequence))
 
 
 def collective_row(

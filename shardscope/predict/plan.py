@@ -71,13 +71,13 @@ def predict_collectives(
     summed_once = None
     if (once or zero1) and case is not None:
         auto = plan.case.axis_types != "explicit"
-        narrow = dot_operand_dtype(moved_dtype("float32", case))
+        narrow = dot_operand_dtype(moved_dtype("float32", case.model.dtype))
         carried = narrow if on_tpu and auto and pipeline is not None else None
         # With Explicit axes each iteration's gradient of the stack's weights is summed as they are stored.
         per_step = STORED_DTYPE if on_tpu and not auto and pipeline is not None else None
         summed_once = GatheredOnce(once, carried, per_step, zero1)
     for weight in every:
-        dtype = moved_dtype(weight.record.dtype, case)
+        dtype = moved_dtype(weight.record.dtype, found.dtype)
         # A TPU program narrows a float32 weight with head or expert dimensions before gathering it.
         gathered = dot_operand_dtype(dtype) if on_tpu and len(weight.layer_shape) > 2 else dtype
         # In a layer loop, a TPU program gathers an attention projection whose matmul the backward pass runs
@@ -88,8 +88,8 @@ def predict_collectives(
         twice = on_tpu and looped and weight.in_attention and recomputed(weight, saved)
         rows.extend(weight_gathers(plan, weight, rules, remat, gathered, once, zero1, 2 if twice else 1))
         rows.extend(gradient_sum(plan, weight, batch, batch_rules, dtype, summed_once))
-    if case is not None:
-        rows.extend(tensor_parallel_sums(plan, every, found.tokens, case.model.dtype, remat))
+    if found.dtype is not None:
+        rows.extend(tensor_parallel_sums(plan, every, found.layer_tokens or found.tokens, found.dtype, remat))
     rows.extend(lookup_collectives(plan, case, found.tokens, batch))
     rows.extend(pipeline_collectives(plan, every, case, found.tokens, found.micro_tokens, batch))
     operand = dot_operand_dtype if on_tpu else str

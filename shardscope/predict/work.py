@@ -16,9 +16,9 @@ op, overlapped with the collectives of the same loop body):
   pass (a write and a read, less what the TPU fuses into the matmuls), as memory-bound bytes; a dropless
   MoE's dispatch slots 10 times (`_DISPATCH_PASSES`); the optimizer reads and writes the state once per step;
 - a pipeline's loop state (its stage inputs and outputs, circular storage and shift buffer) is read and
-  written at every iteration (`_loop_state`); a circular pipeline with Explicit axes adds, per step, passes
-  over the stage's weights (the visit gradient summed in float32 and added into the stored gradient,
-  `_visit_gradients`).
+  written at every iteration; a circular pipeline with Explicit axes adds, per step, passes over the
+  stage's weights (the visit gradient summed in float32 and added into the stored gradient): both counted
+  from the program in `predict.pipeline_work`.
 A pipelined stack's loop runs once per iteration (microbatches × repeats + stages − 1: the bubble
 included), each trip one repeat's layers on one microbatch. Everything here is per device.
 """
@@ -40,6 +40,7 @@ from shardscope.plan.records import TensorRecord, is_stack_name
 from shardscope.predict.layout import (
     Placement,
     Weight,
+    activation_dtype,
     capacity,
     dense_dispatch,
     feature_dims,
@@ -50,7 +51,8 @@ from shardscope.predict.layout import (
     sequence_length,
     stack_of,
 )
-from shardscope.predict.roles import Attention, block_input, embed_width
+from shardscope.predict.pipeline_work import loop_state, visit_gradients
+from shardscope.predict.roles import Attention, block_input, embed_width, sharing_blocks, unplaced_modules
 
 # HBM passes over a MoE block's slots per forward pass. As written there are four (the tokens read by the
 # gather that fills them, the slots written, read by the expert matmuls, the outputs' slots read back by the
@@ -105,16 +107,18 @@ def expert_slots(plan: Plan, weight: Weight, case: Case | None, fallback: int) -
     return peers * capacity(local, case, sequence_length(inputs))
 
 
-def _activation_itemsize(case: Case | None) -> int:
-    """Bytes per element of the activations: the model's dtype (float32 where the case no longer resolves)."""
-    return nbytes((1,), case.model.dtype) if case is not None else 4
+def _activation_itemsize(plan: Plan, case: Case | None) -> int:
+    """Bytes per element of the activations (`layout.activation_dtype`; float32 where neither the case nor
+    the plan's activations say)."""
+    dtype = activation_dtype(plan, case)
+    return nbytes((1,), dtype) if dtype is not None else 4
 
 
 def _weight_use(plan: Plan, weight: Weight, case: Case | None, tokens: int, micro: int, saved: frozenset[str]) -> _Use:
     """The weight's matmul in one layer: tokens × its slice as the layer uses it (weight bytes in its own
     dtype, the tokens in and out in the activations')."""
     shape = weight.layer_shape
-    itemsize = _activation_itemsize(case)
+    itemsize = _activation_itemsize(plan, case)
     if weight.is_expert:
         slots = expert_slots(plan, weight, case, tokens)
         local_experts = shape[0]
@@ -150,7 +154,7 @@ def _dispatch(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: 
     """Each MoE block's token dispatch and combine: its slots [local experts, slots, embed] are zeroed,
     scattered into, read by the first matmuls, and the outputs' slots gathered back (memory-bound). In
     MaxText's dense MoE, two one-hot matmuls instead (`_dense_dispatch`)."""
-    itemsize = _activation_itemsize(case)
+    itemsize = _activation_itemsize(plan, case)
     uses: list[_Use] = []
     blocks: set[str] = set()
     for weight in every:
@@ -188,7 +192,7 @@ def _dense_dispatch(
         # The ring gathers its group's tokens and masks them for the local experts only.
         masked, experts = expert_slots(plan, weight, case, tokens) // per_row * seq, local_experts
     flops = 2.0 * masked * experts * per_row * inputs.shape[-1]
-    mask_bytes = masked * experts * per_row * _activation_itemsize(case)
+    mask_bytes = masked * experts * per_row * _activation_itemsize(plan, case)
     use = _Use(flops, slot_bytes + 2 * mask_bytes, weight.loop_trips, bubble, recomputed=False)
     return [use, use]  # the dispatch and the combine
 
@@ -234,14 +238,18 @@ def flash_kernel(case: Case | None) -> DecoderConfig | None:
 def _elementwise(plan: Plan, every: tuple[Weight, ...], case: Case | None, tokens: int, micro: int) -> list[_Use]:
     """Each recorded activation written and read once (norms, activation functions, the residual stream)."""
     uses: list[_Use] = []
+    unplaced = set(unplaced_modules(plan))
     for path, record in plan.tensors:
         if record.kind != "activation" or record.logical is None:
             continue
         module = path.removeprefix("activations/").rsplit("/", 1)[0]
-        stack = stack_of(module, every)
-        trips = stack.loop_trips if stack is not None and _in_stack(module, stack) else 1
-        bubble = _bubble(case, stack, tokens, micro) if stack is not None and trips > 1 else 1.0
-        uses.append(_Use(0.0, _ELEMENTWISE_PASSES * record.bytes_per_device, trips, bubble))
+        # Recorded apart from the weights, once for every layer that runs it: once per layer of each block.
+        blocks = sharing_blocks(plan, path, record) if module in unplaced else ()
+        for block in blocks or (module,):
+            stack = stack_of(block, every)
+            trips = stack.loop_trips if stack is not None and _in_stack(block, stack) else 1
+            bubble = _bubble(case, stack, tokens, micro) if stack is not None and trips > 1 else 1.0
+            uses.append(_Use(0.0, _ELEMENTWISE_PASSES * record.bytes_per_device, trips, bubble))
     return uses
 
 
@@ -298,7 +306,10 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     grouped = case is not None and case.model.expert_matmul == "grouped"
     matrices = [w for w in every if not _is_vector(w)]
     experts = [w for w in matrices if grouped and w.is_expert]
-    matmuls = [_weight_use(plan, w, case, tokens, micro, saved) for w in matrices if w not in experts]
+    # Matmuls run on the tokens inside the layers (gathered over sequence-parallel axes, `layout.layer_tokens`).
+    inside = found.layer_tokens or tokens
+    inside_micro = micro * inside // tokens
+    matmuls = [_weight_use(plan, w, case, inside, inside_micro, saved) for w in matrices if w not in experts]
     attention = _attention_uses(found.attention, every, case, tokens, "context" in saved)
     # A flash kernel keeps its scores on chip: priced as the kernel (its FLOPs at the kernel's efficiency, as
     # a compiled plan's kernel ops are), a plain attention as the matmuls it is.
@@ -316,83 +327,8 @@ def predicted_work(plan: Plan, remat: bool, placement: Placement | None = None) 
     if flash:
         bins += [dataclasses.replace(b, bytes=0, intensity=None) for b in _bins(attention, WorkKind.KERNEL, remat)]
     bins.append(WorkBin(WorkKind.MEMORY, "optimizer", 1, None, 1, 0, round(_optimizer_bytes(plan)), 1))
-    bins += _visit_gradients(plan, every, case) + _loop_state(plan, every, case, micro)
+    bins += visit_gradients(plan, every, case) + loop_state(plan, every, case, micro)
     return tuple(sorted(bins, key=lambda entry: entry.key))
-
-
-# HBM passes per pipeline step over a weight's gradient (as a device stores it) when the step's visit
-# gradient is added into it: the share of all the visits' buffer it is sliced from read, the gradient read
-# and written back.
-_VISIT_GRADIENT_PASSES = 3
-# ... over one visit's float32 gradient when the step converts it for its float32 sum: the bfloat16 gradient
-# read (half a pass) and the float32 one written (MaxText's compiles of seed 003: 34.9 GB a step per MLP
-# matrix, with and without ZeRO-1).
-_CONVERSION_PASSES = 1.5
-# Passes over a pipeline's loop state per iteration: the iteration's inputs picked from it and its new
-# state written (MaxText's `get_iteration_inputs`, `get_new_loop_state`), and both again transposed in the
-# backward pass. MaxText's four compiles of seed 003 move 383 GB a step in these ops, shardscope's TPU
-# compiles of the same command lines 321-364 GB; 4 passes over the 13 microbatches' activations of its loop
-# state (8 stored circularly, 4 of `state_io`, the shift buffer) over 129 iterations are 338 GB.
-_LOOP_STATE_PASSES = 4
-
-
-def _visit_gradients(plan: Plan, every: tuple[Weight, ...], case: Case | None) -> list[WorkBin]:
-    """A circular pipeline's per-step passes over its stage's weights with Explicit axes, where the program
-    sums each step's visit gradient itself, in float32 (`_CONVERSION_PASSES`), and adds it into the stored
-    gradient. Split beyond the stage axis (FSDP), MaxText's compile makes the step's weight gradient a buffer
-    of every visit's weights as gathered (zeros written, the step's visit scattered in: g + 2g/repeats passes
-    over the weight as stored, g the gathered axes' size), of which this device's share is added into the
-    split gradient (`_VISIT_GRADIENT_PASSES`); stored whole (ZeRO-1: its axis splits the optimizer's copy
-    only, the gradient is whole), each step's visit gradient is added into its own visit's slot (MaxText's
-    compile of seed 003: 69.8 GB a step per MLP matrix). With Auto axes the TPU adds the partial sums inside
-    the matmuls that make them and sums them once after the loop (`shardscope.hlo.accumulation`): nothing
-    here (its compiles of seed 003 show 52 GB a step, the attention weights' slots)."""
-    pipeline = None if case is None else case.preset.pipeline
-    if case is None or pipeline is None or pipeline.repeats < 2 or case.preset.shard_mode != "explicit":
-        return []
-    sizes = mesh_sizes(plan)
-    bins = []
-    for weight in every:
-        if not weight.stack_axes:
-            continue
-        # ZeRO-1's axis splits the stored weights only: the step gathers them back before the pipeline.
-        spec_axes = {axis for entry in weight.record.spec for axis in entry_axes(entry)}
-        split = spec_axes - set(weight.stack_axes) - {case.preset.shard_optimizer_over}
-        gathered = math.prod(sizes.get(axis, 1) for axis in split)
-        whole = sizes.get(case.preset.shard_optimizer_over, 1) if case.preset.shard_optimizer_over in spec_axes else 1
-        converted = _CONVERSION_PASSES * gathered * whole / pipeline.repeats
-        if gathered == 1:
-            # Stored whole (ZeRO-1), the visit's gradient is added into its own slot of the stored
-            # gradient: the slot read, the visit's gradient read, the slot written (one of `repeats`).
-            passes = _VISIT_GRADIENT_PASSES * whole / pipeline.repeats
-        else:
-            passes = _VISIT_GRADIENT_PASSES + gathered * (1 + 2 / pipeline.repeats)
-        per_step = round((passes + converted) * weight.record.bytes_per_device)
-        nbytes_ = per_step * weight.loop_trips
-        bins.append(
-            WorkBin(
-                WorkKind.MEMORY, "backward", weight.loop_trips, None, weight.loop_trips, 0, nbytes_, weight.loop_trips
-            )
-        )
-    return bins
-
-
-def _loop_state(plan: Plan, every: tuple[Weight, ...], case: Case | None, micro: int) -> list[WorkBin]:
-    """A pipeline's loop state read and written at every iteration (`_LOOP_STATE_PASSES`, half of them in
-    each pass): `state_io`, the stage's share of the microbatches; with repeats, the circular storage of
-    every microbatch; and the shift buffer, each microbatch `micro` tokens of the model's width."""
-    pipeline = None if case is None else case.preset.pipeline
-    staged = next((w for w in every if w.stack_axes), None)
-    if case is None or pipeline is None or staged is None:
-        return []
-    stages = mesh_sizes(plan).get(pipeline.stage_axis, 1)
-    microbatches = pipeline.microbatches // stages + (pipeline.microbatches if pipeline.repeats > 1 else 0) + 1
-    state = microbatches * micro * case.model.embed_dim * nbytes((1,), case.model.dtype)
-    trips = staged.loop_trips
-    per_pass = round(_LOOP_STATE_PASSES / 2 * state * trips)
-    return [
-        WorkBin(WorkKind.MEMORY, pass_, trips, None, trips, 0, per_pass, trips) for pass_ in ("forward", "backward")
-    ]
 
 
 def _is_vector(weight: Weight) -> bool:
