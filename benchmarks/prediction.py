@@ -15,8 +15,9 @@ Sections (all by default):
             on v5p: 43 candidates; without presets every built-in one is searched, hundreds of compiles).
   fit       The prediction's two HBM constants (`shardscope.predict.work`: passes over each recorded
             activation, passes over a dropless MoE's dispatch slots) on a grid, each pair's error against
-            the stored plans' compiled expected step (dense and MoE runs; seed 003 is left out), the
-            constants in use marked. Only `fit`'s grid is in-sample; `sweep` is a search the fit never saw.
+            the compiled expected step of the fitting runs' stored plans (`fitting_set.yaml`, both routes:
+            the cost model's rule), the constants in use and the grid's best marked. Only `fit`'s grid is
+            in-sample; `runs` beyond the fitting set and `sweep` are plans the fit never saw.
 Prints numbers; asserts nothing.
 """
 
@@ -108,27 +109,62 @@ def _stored_plans() -> list[tuple[str, str, Plan, float]]:
     return found
 
 
-def fit() -> None:
-    """The grid of (activation passes, dispatch passes): mean |error| per family against the compiles."""
-    stored = [entry for entry in _stored_plans() if _family(entry[0], entry[2]) in ("dense", "moe")]
+GRID = tuple(itertools.product((0.8, 1.0, 1.2, 1.4, 1.6, 2.0), (4, 6, 8, 10, 12, 16)))
+
+
+def _fitting_plans() -> list[tuple[str, str, Plan, float]]:
+    """The stored plans of the runs `fitting_set.yaml` names (both routes), dense and MoE: the only plans the
+    prediction's constants may be fitted to, as the cost model's are."""
+    from published_runs import fitting_ids
+
+    fitting = fitting_ids()
+    return [
+        entry
+        for entry in _stored_plans()
+        if entry[0].rsplit(".", 1)[0] in fitting and _family(entry[0], entry[2]) in ("dense", "moe")
+    ]
+
+
+def fit_grid() -> list[tuple[tuple[float, int], dict[str, list[float]]]]:
+    """Each (activation passes, dispatch passes) of the grid with its errors per family against the fitting
+    runs' compiles."""
+    stored = _fitting_plans()
     chosen = (work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES)
-    print(f"\n{'activation passes':>17} {'dispatch passes':>15}   mean |error| (worst) over {len(stored)} plans")
+    found = []
     try:
-        for elementwise, dispatch in itertools.product((0.8, 1.0, 1.2, 1.4, 1.6, 2.0), (4, 6, 8, 10, 12, 16)):
+        for elementwise, dispatch in GRID:
             work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES = elementwise, dispatch
             errors: dict[str, list[float]] = {"dense": [], "moe": []}
             for stem, generation, tensors, compiled in stored:
                 predicted = price_plan(predicted_plan(tensors), generation).estimate
                 if predicted is not None and predicted.expected is not None:
                     errors[_family(stem, tensors)].append(predicted.expected / compiled - 1)
-            summary = "   ".join(
-                f"{family} {statistics.mean(map(abs, found)):.1%} ({max(found, key=abs):+.1%})"
-                for family, found in errors.items()
-            )
-            mark = "  <- in use" if (elementwise, dispatch) == chosen else ""
-            print(f"{elementwise:>17} {dispatch:>15}   {summary}{mark}")
+            found.append(((elementwise, dispatch), errors))
     finally:
         work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES = chosen
+    return found
+
+
+def best_pair(grid: list[tuple[tuple[float, int], dict[str, list[float]]]]) -> tuple[float, int]:
+    """The grid point of least mean |error| over every fitting plan (ties: the first in grid order)."""
+    return min(grid, key=lambda point: statistics.mean(abs(e) for errs in point[1].values() for e in errs))[0]
+
+
+def fit() -> None:
+    """The grid of (activation passes, dispatch passes): mean |error| per family against the fitting runs'
+    compiles, the constants in use and the grid's best marked."""
+    grid = fit_grid()
+    chosen, best = (work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES), best_pair(grid)
+    count = sum(len(errs) for errs in grid[0][1].values())
+    print(f"\n{'activation passes':>17} {'dispatch passes':>15}   mean |error| (worst) over {count} fitting plans")
+    for pair, errors in grid:
+        summary = "   ".join(
+            f"{family} {statistics.mean(map(abs, found)):.1%} ({max(found, key=abs):+.1%})"
+            for family, found in errors.items()
+            if found
+        )
+        marks = [m for m, on in (("in use", pair == chosen), ("best", pair == best)) if on]
+        print(f"{pair[0]:>17} {pair[1]:>15}   {summary}{'  <- ' + ', '.join(marks) if marks else ''}")
 
 
 def runs() -> None:

@@ -107,6 +107,23 @@ def test_the_pipeline_passes_are_counted_from_the_program_as_no_fitting_run_pipe
     assert all(f"| `{c.name}` | {c.value:g} |" in calibrate.RECORD.read_text() for c in pass_counts())
 
 
+@pytest.mark.slow
+def test_the_predictions_hbm_passes_are_the_best_fit_to_the_fitting_runs_alone(bench):
+    """The prediction's two fitted constants obey the cost model's rule: the grid's best against the compiled
+    steps of the fitting runs' plans, no validation run among them."""
+    _, published_runs = bench
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        prediction = importlib.import_module("prediction")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from shardscope.predict import work
+
+    plans = prediction._fitting_plans()
+    assert plans and all(stem.rsplit(".", 1)[0] in published_runs.fitting_ids() for stem, *_ in plans)
+    assert prediction.best_pair(prediction.fit_grid()) == (work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES)
+
+
 def test_check_fails_when_the_table_differs_from_the_fit(bench, monkeypatch, capsys):
     calibrate, _ = bench
     real = calibrate.table_constants()

@@ -14,7 +14,7 @@ op, overlapped with the collectives of the same loop body):
   the forward pass once more;
 - elementwise work (norms, activations, the residual stream): each recorded activation moved 1.2 times per
   pass (a write and a read, less what the TPU fuses into the matmuls), as memory-bound bytes; a dropless
-  MoE's dispatch slots 10 times (`_DISPATCH_PASSES`); the optimizer reads and writes the state once per step;
+  MoE's dispatch slots 8 times (`_DISPATCH_PASSES`); the optimizer reads and writes the state once per step;
 - a pipeline's loop state (its stage inputs and outputs, circular storage and shift buffer) is read and
   written at every iteration; a circular pipeline with Explicit axes adds, per step, passes over the
   stage's weights (the visit gradient summed in float32 and added into the stored gradient): both counted
@@ -58,14 +58,14 @@ from shardscope.predict.roles import Attention, block_input, embed_width, sharin
 # gather that fills them, the slots written, read by the expert matmuls, the outputs' slots read back by the
 # combine's gather); the TPU also relays the permuted rows out to its tiled layouts and back, which its
 # compiles show as reshapes and copies as large as the gathers. Fitted (`benchmarks/prediction.py fit`) to
-# the stored plans' compiled steps: 10, about the four × the 2.4 that the CPU route's gathers are priced at
-# for the same relayouts.
-_DISPATCH_PASSES = 10
+# the compiled steps of the fitting runs' stored plans alone (`fitting_set.yaml`, the cost model's rule):
+# 8, about the four × the 2 that the CPU route's gathers are priced at for the same relayouts.
+_DISPATCH_PASSES = 8
 # HBM passes per pass over each recorded activation (norms, activation functions, the residual stream). A
 # write and a read each would be 2; the TPU fuses much of this work into the matmuls beside it (a norm into
 # the projection that reads it, an activation function into its matmul's output), so it moves less. Fitted
-# with `_DISPATCH_PASSES`: 1.2, the 0.6 of a naive count at which the CPU route prices its other
-# elementwise bytes.
+# with `_DISPATCH_PASSES`, to the same plans: 1.2, the 0.6 of a naive count at which the CPU route prices
+# its other elementwise bytes.
 _ELEMENTWISE_PASSES = 1.2
 
 
