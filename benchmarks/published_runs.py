@@ -1,11 +1,12 @@
 """shardscope's expected step time against MaxText's published training runs.
 
-Every run in `published_runs.yaml` that shardscope can plan (its model is a flavor here, it is not quantized,
-its source gives a command line) is planned from that command line on its own TPU topology (the TPU route:
-libtpu compiles ahead of time) and, where it fits in this machine's memory, on as many fake CPU devices (the
-CPU route, priced as the run's TPU generation). Plans are kept in `benchmarks/plans/<id>.<route>.json`:
-compiling one takes minutes to half an hour here, pricing it milliseconds, so a change to the cost model is
-measured on every run at once, and the calibration (`calibrate.py`) reads the same files.
+Every run in `published_runs.yaml` that shardscope can plan (its model is a flavor here and it is not quantized,
+or it plans through `maxtext:MODEL`; its source gives a command line) is planned from that command line on its
+own TPU topology (the TPU route: libtpu compiles ahead of time) and, where it fits in this machine's memory, on
+as many fake CPU devices (the CPU route, priced as the run's TPU generation). Plans are kept in
+`benchmarks/plans/<id>.<route>.json`: compiling one takes minutes to half an hour here, pricing it milliseconds,
+so a change to the cost model is measured on every run at once, and the calibration (`calibrate.py`) reads the
+same files.
 
   python benchmarks/published_runs.py                  the table: measured, expected per route, error, MAPE
   python benchmarks/published_runs.py --markdown       the same table in Markdown
@@ -104,8 +105,13 @@ def catalogue() -> list[dict[str, Any]]:
 
 def through_maxtext(run: dict[str, Any]) -> bool:
     """Whether a run is planned through `maxtext:MODEL` (MaxText's own program: its family has no reference
-    model here), on the TPU route only."""
+    model here, or it is quantized, which the reference models are not), on the TPU route only."""
     return run.get("route") == "maxtext"
+
+
+def quantized(run: dict[str, Any]) -> bool:
+    """Whether a run trains with 8-bit matmuls (MaxText's `quantization=fp8_full`, `int8`, …)."""
+    return any(q in str(run.get("precision")) for q in ("int8", "fp8"))
 
 
 def on_gpu(run: dict[str, Any]) -> bool:
@@ -119,8 +125,8 @@ def plannable(run: dict[str, Any]) -> str | None:
 
     if run["model"] not in MODELS and not through_maxtext(run):
         return "model not a shardscope flavor"
-    if any(q in str(run.get("precision")) for q in ("int8", "fp8")):
-        return f"quantized ({run['precision']})"
+    if quantized(run) and not through_maxtext(run):
+        return f"quantized ({run['precision']}; the reference models have no 8-bit matmuls)"
     if not run.get("overrides"):
         return "the source gives no command line"
     return None
@@ -373,8 +379,8 @@ OUTSIDE = 0.20  # a validation error beyond this is named
 def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = None) -> list[str]:
     """The figures the table comes to, per route: the fitting runs' MAPE (in sample, and each left out of
     the fit when `left_out` gives (run id, route) → error), the validation runs' MAPE, worst error, the runs
-    outside ±20% and the published order, the validation MoE runs' and the families planned through
-    maxtext:, and how far the CPU route's expected step is from the TPU route's."""
+    outside ±20% and the published order, the validation MoE runs', the runs planned through maxtext:
+    and the quantized runs', and how far the CPU route's expected step is from the TPU route's."""
     lines = []
     for route in ROUTES:
         name = route.upper()
@@ -396,6 +402,7 @@ def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = No
         for label, pick in (
             ("validation MoE runs", lambda r: r.run.get("kind") == "moe"),
             ("validation runs planned through maxtext:MODEL", lambda r: through_maxtext(r.run)),
+            ("validation runs of quantized (8-bit) training", lambda r: quantized(r.run)),
         ):
             chosen = [r.error(route) or 0.0 for r in validation if pick(r)]
             if chosen:
