@@ -1,0 +1,111 @@
+"""`maxtext:MODEL` on GPU clusters: MaxText's own step built for the cluster (hardware=gpu, its ici_* keys
+inside an NVLink domain and its dcn_* keys across), compiled with no GPU by XLA's GPU compiler, extracted and
+priced on the GPU's figures. Skipped, saying so, where MaxText (Python 3.12) or the GPU extra is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import defaultdict
+
+import pytest
+from typer.testing import CliRunner
+
+if sys.version_info < (3, 12) or importlib.util.find_spec("maxtext") is None:
+    pytest.skip("maxtext: models need Python 3.12 with MaxText installed", allow_module_level=True)
+if importlib.util.find_spec("jax_cuda12_plugin") is None:
+    pytest.skip("the GPU extra is not installed: pip install '.[gpu]'", allow_module_level=True)
+
+import jax
+
+import shardscope
+from shardscope.case.gpu import load_gpu_hardware
+from shardscope.cli import app
+from shardscope.cost.gpu import flops_seconds
+
+# The quick lane (`-m "not slow"`) leaves these out: MaxText's own programs built and compiled.
+pytestmark = pytest.mark.slow
+
+jax.devices()  # the session's fake CPU pool (conftest) starts first, as the other maxtext: tests expect
+
+# Two small layers and short sequences: each compile takes seconds.
+SMALL = (
+    "override_model_config=true base_num_decoder_layers=2 base_emb_dim=256 base_mlp_dim=512 "
+    "base_num_query_heads=4 base_num_kv_heads=2 head_dim=64 vocab_size=512 per_device_batch_size=1 "
+    "max_target_length=128 attention=dot_product"
+)
+runner = CliRunner()
+
+
+def links_by_axes(plan: shardscope.Plan) -> dict[tuple[str, ...], set[str | None]]:
+    links: dict[tuple[str, ...], set[str | None]] = defaultdict(set)
+    for row in plan.collectives:
+        if row.axes:
+            links[row.axes].add(row.link)
+    return dict(links)
+
+
+@pytest.fixture(scope="module")
+def across_hosts() -> shardscope.Plan:
+    """FSDP inside each host, data across the two (MaxText's defaults: ici_fsdp -1, dcn_data -1)."""
+    return shardscope.plan_case("maxtext:llama3.1-8b", topology="h100-2x8", maxtext=SMALL)
+
+
+def test_ici_axes_stay_on_nvlink_and_dcn_axes_cross_the_network(across_hosts):
+    plan = across_hosts
+    assert {axis: size for axis, size in plan.case.mesh if size > 1} == {"data": 2, "fsdp": 8}
+    assert dict(plan.provenance)["backend"] == "gpu"
+    links = links_by_axes(plan)
+    assert links[("fsdp",)] == {"nvlink"}  # the weights' gathers and gradients' scatters, inside a host
+    assert links[("data",)] == {"network"}  # the gradients' sum between the hosts
+    memory = dict(plan.memory)
+    assert memory["argument_bytes"] > 0
+
+
+def test_hosts_over_fsdp_put_its_gathers_on_the_network():
+    words = f"{SMALL} ici_fsdp_parallelism=8 dcn_data_parallelism=1 dcn_fsdp_parallelism=2"
+    plan = shardscope.plan_case("maxtext:llama3.1-8b", topology="h100-2x8", maxtext=words)
+    assert {axis: size for axis, size in plan.case.mesh if size > 1} == {"fsdp": 16}
+    assert links_by_axes(plan)[("fsdp",)] == {"network"}
+
+
+def test_the_estimate_is_a_gpu_compile_priced_as_the_gpu(across_hosts):
+    from shardscope.cost.price import price_plan
+
+    estimate = price_plan(across_hosts).estimate
+    assert estimate is not None and estimate.expected is not None
+    assert estimate.route.startswith("GPU compile priced as h100 (uncalibrated")
+    assert estimate.hardware == "h100"
+
+
+def test_fp8_matmuls_compile_to_cublaslt_fp8_and_are_priced_at_the_fp8_peak():
+    words = f"{SMALL} quantization=fp8 compile_xla_flags=--xla_gpu_enable_triton_gemm=false"
+    plan = shardscope.plan_case("maxtext:llama3.1-8b", topology="b200-1x8", maxtext=words)
+    fp8 = sum(b.flops for b in plan.work if b.precision == "fp8")
+    matmul = sum(b.flops for b in plan.work if b.kind == "matmul")
+    # Every projection's matmul is float8 (the attention's einsums and the logits are not quantized).
+    assert fp8 > 0.7 * matmul
+    b200 = load_gpu_hardware("b200")
+    flops = dict(plan.compute)["flops"]
+    all_bf16 = flops / (b200.peak_bf16_flops * b200.efficiency)
+    assert flops_seconds(plan, flops, b200) == pytest.approx(
+        all_bf16 - fp8 / (2 * b200.peak_bf16_flops * b200.efficiency)
+    )
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        ("hardware=tpu", "the GPU route builds MaxText's step as one program for every GPU (hardware=gpu)"),
+        ("num_slices=4", "on h100-2x8 MaxText's slices are its 2 NVLink domains"),
+        ("internal_compile_num_devices=8", "on h100-2x8 MaxText's slices are its 2 NVLink domains"),
+        ("dcn_data_parallelism=4", "MaxText"),
+    ],
+)
+def test_what_the_gpu_route_cannot_honour_is_one_line_and_exit_2(words, message):
+    result = runner.invoke(
+        app, ["dump", "maxtext:llama3.1-8b", "--topology", "h100-2x8", "--maxtext", f"{SMALL} {words}"]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
