@@ -100,11 +100,19 @@ def test_fp8_matmuls_compile_to_cublaslt_fp8_and_are_priced_at_the_fp8_peak():
         ("num_slices=4", "on h100-2x8 MaxText's slices are its 2 NVLink domains"),
         ("internal_compile_num_devices=8", "on h100-2x8 MaxText's slices are its 2 NVLink domains"),
         ("dcn_data_parallelism=4", "MaxText"),
+        pytest.param(
+            "attention=cudnn_flash_te",
+            "NVIDIA Transformer Engine's attention, and Transformer Engine (transformer_engine.jax) is not installed",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed"
+            ),
+        ),
     ],
 )
 def test_what_the_gpu_route_cannot_honour_is_one_line_and_exit_2(words, message):
+    small = SMALL.replace(" attention=dot_product", "") if words.startswith("attention=") else SMALL
     result = runner.invoke(
-        app, ["dump", "maxtext:llama3.1-8b", "--topology", "h100-2x8", "--maxtext", f"{SMALL} {words}"]
+        app, ["dump", "maxtext:llama3.1-8b", "--topology", "h100-2x8", "--maxtext", f"{small} {words}"]
     )
     assert result.exit_code == 2, result.output
     assert message in result.output

@@ -189,6 +189,7 @@ def resolve_maxtext_model(
     tree = find_tree(path)
     name = check_model(tree, model)
     args = check_topology_keys(args, topology)
+    check_transformer_engine(args, topology)
     args, renamed = translate_renamed_keys(args, tree.keys())
     return MaxTextCase(model=name, topology=topology, args=args, tree=tree, renamed=renamed)
 
@@ -242,6 +243,24 @@ def check_topology_keys(args: tuple[tuple[str, str], ...], topology: Topology) -
             )
         kept.append((key, value))
     return tuple(kept)
+
+
+def check_transformer_engine(args: tuple[tuple[str, str], ...], topology: Topology) -> None:
+    """On a GPU cluster, `attention=cudnn_flash_te` (MaxText's GPU runs' attention) is NVIDIA Transformer Engine's
+    cuDNN attention, which MaxText imports as it builds the step: where it is not installed, said before MaxText
+    says something else of the same command line (its config's checks of TE's packing options).
+
+    Raises:
+      MaxTextError: the attention needs Transformer Engine and it is not importable.
+    """
+    if topology.gpu is None or dict(args).get("attention") != "cudnn_flash_te":
+        return
+    if importlib.util.find_spec("transformer_engine") is None:
+        raise MaxTextError(
+            "--maxtext attention=cudnn_flash_te: NVIDIA Transformer Engine's attention, and Transformer Engine "
+            "(transformer_engine.jax) is not installed here; install it, or plan MaxText's attention in einsums "
+            "with attention=dot_product (its scores through HBM, its causal mask skipping nothing)"
+        )
 
 
 def translate_renamed_keys(
