@@ -287,6 +287,11 @@ def plan_maxtext_gpu_run(run: dict[str, Any]) -> None:
         print(f"  refused: {err}", flush=True)
         return
     refusal.unlink(missing_ok=True)
+    given = dict(word.split("=", 1) for word in run["overrides"].split())
+    instead = [f"{k}={v} in place of {k}={given.get(k, '(unset)')}" for k, v in planned_with(run).items()]
+    if instead:  # the plan says what it was planned with instead of the run's command line, and where it is told why
+        note = f"{'; '.join(instead)} (published_runs.yaml, {run['id']}: its notes say why)"
+        plan = dataclasses.replace(plan, provenance=tuple(sorted((*plan.provenance, ("planned_with", note)))))
     shardscope.save_plan(dataclasses.replace(plan, estimate=None), plan_path(run, GPU))
 
 
