@@ -5,8 +5,11 @@ priced on the GPU's figures. Skipped, saying so, where MaxText (Python 3.12) or 
 from __future__ import annotations
 
 import importlib.util
+import re
+import shlex
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -117,3 +120,21 @@ def test_what_the_gpu_route_cannot_honour_is_one_line_and_exit_2(words, message)
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_gpu_pages_maxtext_commands_run(tmp_path):
+    """The GPU how-to page's `maxtext:` commands (tests/test_gpu.py runs its others), each a plan written."""
+    page = Path(__file__).parents[1] / "docs" / "how-to" / "gpu-clusters.md"
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    commands = [line for b in blocks for line in b.splitlines() if line.startswith("shardscope dump maxtext:")]
+    assert len(commands) == 2
+    for command in commands:
+        args = shlex.split(command)
+        out = tmp_path / args[args.index("-o") + 1]
+        result = runner.invoke(app, [*args[1 : args.index("-o")], "-o", str(out)])
+        assert result.exit_code == 0, f"{command}\n{result.output[-2000:]}"
+        plan = shardscope.load_plan(out)
+        assert dict(plan.provenance)["backend"] == "gpu"
+    fp8 = shardscope.load_plan(tmp_path / "llama-fp8.json")
+    assert any(b.precision == "fp8" for b in fp8.work)
+    assert links_by_axes(fp8)[("fsdp",)] == {"network"}  # fsdp over both hosts (dcn_fsdp_parallelism=2)
