@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import functools
 import re
+import shlex
 import subprocess
 import sys
 import warnings
@@ -265,7 +266,8 @@ def maxtext_gpu_words(run: dict[str, Any]) -> list[str]:
             words.append(f"{key}={replaced.pop(key)}" if key in replaced else word)
     words += [f"{key}={value}" for key, value in replaced.items()]
     flags = [w for w in (run.get("xla_flags") or "").split() if w.removeprefix("--").split("=")[0] in GPU_PROGRAM_FLAGS]
-    return words + ([f"compile_xla_flags={' '.join(flags)}"] if flags else [])
+    # Quoted: each word is read as a shell word (`parse_maxtext_args`), and several flags are one value.
+    return words + ([f"compile_xla_flags={shlex.quote(' '.join(flags))}"] if flags else [])
 
 
 def plan_maxtext_gpu_run(run: dict[str, Any]) -> None:
