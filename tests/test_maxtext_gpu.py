@@ -66,7 +66,8 @@ def test_ici_axes_stay_on_nvlink_and_dcn_axes_cross_the_network(across_hosts):
 
 
 def test_hosts_over_fsdp_put_its_gathers_on_the_network():
-    words = f"{SMALL} ici_fsdp_parallelism=8 dcn_data_parallelism=1 dcn_fsdp_parallelism=2"
+    # `hardware=gpu`, as a GPU run's own command line says it, is what the route sets: taken as given.
+    words = f"{SMALL} hardware=gpu ici_fsdp_parallelism=8 dcn_data_parallelism=1 dcn_fsdp_parallelism=2"
     plan = shardscope.plan_case("maxtext:llama3.1-8b", topology="h100-2x8", maxtext=words)
     assert {axis: size for axis, size in plan.case.mesh if size > 1} == {"fsdp": 16}
     assert links_by_axes(plan)[("fsdp",)] == {"network"}
