@@ -16,7 +16,9 @@ same files.
 
 Runs on NVIDIA GPU clusters (`route: gpu`) plan on their own cluster (`h200-32x8`: XLA's GPU compiler, no GPU
 needed) into `<id>.gpu.json`, are priced on their GPUs' published figures (uncalibrated) and show in the TPU
-route's column, marked "(GPU)"; they are validation runs, and the summary gives them a line of their own.
+route's column, marked "(GPU)"; they are validation runs, and the summary gives them a line of their own. A
+GPU row with `program: maxtext` (a quantized run: MaxText's fp8) plans MaxText's own step, `maxtext:MODEL`,
+from its command line (`--plan ID --route gpu` on Python 3.12 with MaxText and the GPU extra).
 
 The runs `fitting_set.yaml` names are what `calibrate.py` fits the constants of `hardware.yaml` to; every other
 run validates. Each error is expected / measured - 1.
@@ -28,6 +30,7 @@ import argparse
 import dataclasses
 import functools
 import re
+import shlex
 import subprocess
 import sys
 import warnings
@@ -104,9 +107,16 @@ def catalogue() -> list[dict[str, Any]]:
 
 
 def through_maxtext(run: dict[str, Any]) -> bool:
-    """Whether a run is planned through `maxtext:MODEL` (MaxText's own program: its family has no reference
-    model here, or it is quantized, which the reference models are not), on the TPU route only."""
-    return run.get("route") == "maxtext"
+    """Whether a run is planned through `maxtext:MODEL` (MaxText's own program): a TPU run whose family has no
+    reference model here or that is quantized, which the reference models are not (`route: maxtext`, planned
+    by hand on the TPU route), or a GPU run whose row says `program: maxtext` (its quantization is MaxText's
+    own; `--plan ID --route gpu` plans it, on Python 3.12)."""
+    return run.get("route") == "maxtext" or run.get("program") == "maxtext"
+
+
+def planned_with(run: dict[str, Any]) -> dict[str, str]:
+    """The MaxText keys a row's `planned_with` gives in place of its command line's (each said in its notes)."""
+    return dict(word.split("=", 1) for word in (run.get("planned_with") or "").split())
 
 
 def quantized(run: dict[str, Any]) -> bool:
@@ -207,6 +217,9 @@ def plan_run(run: dict[str, Any], route: str) -> None:
     import shardscope
     from shardscope.errors import MemoryExhaustedError, ShardscopeError
 
+    if through_maxtext(run) and on_gpu(run) and route == GPU:
+        plan_maxtext_gpu_run(run)
+        return
     if through_maxtext(run):
         raise ShardscopeError(
             f"{run['id']} plans through maxtext:{run['model']} (Python 3.12 with MaxText): "
@@ -239,6 +252,56 @@ def plan_run(run: dict[str, Any], route: str) -> None:
             return
     refusal.unlink(missing_ok=True)
     shardscope.save_plan(dataclasses.replace(plan, estimate=None), plan_path(run, route))
+
+
+# Of a GPU run's XLA_FLAGS, those that decide which ops its program has: whether its matmuls are Triton's
+# fusions or cuBLAS's calls (a float8 one cuBLASLt's fp8 gemm). The others steer the scheduler, the combining of
+# collectives and memory; a `program: maxtext` row passes these to the GPU compile as MaxText's
+# `compile_xla_flags`, and its notes say so.
+GPU_PROGRAM_FLAGS = ("xla_gpu_enable_triton_gemm",)
+
+
+def maxtext_gpu_words(run: dict[str, Any]) -> list[str]:
+    """A `program: maxtext` GPU run's command line for `maxtext:MODEL` on its cluster: its overrides less
+    `model_name` (the model is maxtext:NAME), the keys `planned_with` gives in their place, and the run's
+    `GPU_PROGRAM_FLAGS` as `compile_xla_flags`."""
+    replaced = planned_with(run)
+    words = []
+    for word in run["overrides"].split():
+        key = word.split("=", 1)[0]
+        if key != "model_name":
+            words.append(f"{key}={replaced.pop(key)}" if key in replaced else word)
+    words += [f"{key}={value}" for key, value in replaced.items()]
+    flags = [w for w in (run.get("xla_flags") or "").split() if w.removeprefix("--").split("=")[0] in GPU_PROGRAM_FLAGS]
+    # Quoted: each word is read as a shell word (`parse_maxtext_args`), and several flags are one value.
+    return words + ([f"compile_xla_flags={shlex.quote(' '.join(flags))}"] if flags else [])
+
+
+def plan_maxtext_gpu_run(run: dict[str, Any]) -> None:
+    """Compiles a `program: maxtext` GPU run's own step (MaxText's program, `maxtext:MODEL`) on its cluster and
+    keeps its plan, or the compiler's memory refusal."""
+    import dataclasses
+
+    import shardscope
+    from shardscope.errors import MemoryExhaustedError
+
+    words = maxtext_gpu_words(run)
+    print(f"planning {run['id']} (gpu route, maxtext:{run['model']}): {' '.join(words)}", flush=True)
+    PLANS.mkdir(exist_ok=True)
+    refusal = refusal_path(run, GPU)
+    try:
+        plan = shardscope.plan_case(f"maxtext:{run['model']}", topology=run["topology"], maxtext=words)
+    except MemoryExhaustedError as err:
+        refusal.write_text(f"{err}\n")
+        print(f"  refused: {err}", flush=True)
+        return
+    refusal.unlink(missing_ok=True)
+    given = dict(word.split("=", 1) for word in run["overrides"].split())
+    instead = [f"{k}={v} in place of {k}={given.get(k, '(unset)')}" for k, v in planned_with(run).items()]
+    if instead:  # the plan says what it was planned with instead of the run's command line, and where it is told why
+        note = f"{'; '.join(instead)} (published_runs.yaml, {run['id']}: its notes say why)"
+        plan = dataclasses.replace(plan, provenance=tuple(sorted((*plan.provenance, ("planned_with", note)))))
+    shardscope.save_plan(dataclasses.replace(plan, estimate=None), plan_path(run, GPU))
 
 
 # Of a run's XLA flags, those that decide which ops the compiled program has (the cost model prices ops):
@@ -411,12 +474,16 @@ def summary(found: list[Row], left_out: dict[tuple[str, str], float] | None = No
                     f"{name} route, {label}: MAPE {mape(chosen)} over {runs(len(chosen))}, worst {100 * worst:.1f}%"
                 )
     on_gpus = [r for r in found if r.error(GPU) is not None]
-    if on_gpus:
-        errors = [r.error(GPU) or 0.0 for r in on_gpus]
-        lines.append(
-            f"GPU route (uncalibrated, NVIDIA's figures), validation runs: MAPE {mape(errors)} "
-            f"over {runs(len(errors))}, worst {100 * max(abs(e) for e in errors):.1f}%"
-        )
+    for label, chosen in (
+        ("validation runs", on_gpus),
+        ("validation runs planned through maxtext:MODEL", [r for r in on_gpus if through_maxtext(r.run)]),
+    ):
+        if chosen:
+            errors = [r.error(GPU) or 0.0 for r in chosen]
+            lines.append(
+                f"GPU route (uncalibrated, NVIDIA's figures), {label}: MAPE {mape(errors)} "
+                f"over {runs(len(errors))}, worst {100 * max(abs(e) for e in errors):.1f}%"
+            )
     both = [r for r in found if r.expected["tpu"] and r.expected["cpu"]]
     if both:
         gaps = [abs((r.expected["cpu"] or 0) / (r.expected["tpu"] or 1) - 1) for r in both]
@@ -585,7 +652,9 @@ def page_block(found: list[Row], left_out: dict[tuple[str, str], float]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "### Command lines", "", "Each run's MaxText command line as published (after its model's name).", ""]
     for row in found:
-        through = f" (planned as `maxtext:{row.run['model']}`)" if through_maxtext(row.run) else ""
+        instead = " ".join(f"{k}={v}" for k, v in planned_with(row.run).items())
+        with_keys = f" with `{instead}` in its place, see the run's notes" if instead else ""
+        through = f" (planned as `maxtext:{row.run['model']}`{with_keys})" if through_maxtext(row.run) else ""
         lines.append(f"- `{row.run['id']}`{through}: `{row.run['overrides']}`")
     lines += ["", "### Memory", "", memory_table(True)]
     return "\n".join(lines)

@@ -51,7 +51,8 @@ if [ -z "${PY312:-}" ]; then
 fi
 VENV=${SHARDSCOPE_MAXTEXT_VENV:-.venv-maxtext}
 [ -x "$VENV/bin/python" ] || "$PY312" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,maxtext]"
+# The GPU extra too: `maxtext:` on GPU clusters (tests/test_maxtext_gpu.py) compiles for them without a GPU.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,maxtext,gpu]"
 # `-p no:anyio`: MaxText's dependencies bring anyio, whose pytest plugin warns on this pytest (warnings fail).
 "$VENV/bin/python" -m pytest -n auto --dist loadfile -p no:benchmark -p no:anyio tests/test_maxtext_program.py \
-  tests/test_maxtext_verify.py
+  tests/test_maxtext_verify.py tests/test_maxtext_gpu.py

@@ -152,6 +152,9 @@ def gpu_plugin_version() -> str | None:
 
 
 GPU_FIGURES = ("peak_bf16_flops", "hbm_bytes", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth")
+# Figures a GPU may lack: a matmul of two float8 inputs runs at `peak_fp8_flops` where the table gives one, else
+# at the bf16 peak (as for TPUs).
+OPTIONAL_GPU_FIGURES = ("peak_fp8_flops",)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,12 @@ class GpuHardware:
     nvlink_bandwidth: float  # bytes/s each way, to the rest of its NVLink domain
     network_bandwidth: float  # bytes/s each way, through its NIC to other domains
     efficiency: float  # the table's: the fraction of every peak figure reached (uncalibrated on GPUs)
+    peak_fp8_flops: float | None = None  # dense FLOP/s of a matmul of two float8 inputs
+
+    def peak_flops(self, precision: str = "") -> float:
+        """Dense peak FLOP/s of matmuls of a precision class (`WorkBin.precision`): float8's where the table
+        gives it, else bf16's."""
+        return self.peak_fp8_flops if precision == "fp8" and self.peak_fp8_flops else self.peak_bf16_flops
 
 
 def load_gpu_hardware(name: str) -> GpuHardware:
@@ -185,7 +194,11 @@ def load_gpu_hardware(name: str) -> GpuHardware:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise HardwareError(f"hardware table: gpus.{generation}.{key} must be a positive number, found {value!r}")
         values[key] = float(value)
-    unknown = sorted(set(entry) - set(GPU_FIGURES))
+    for key in OPTIONAL_GPU_FIGURES:
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            raise HardwareError(f"hardware table: gpus.{generation}.{key} must be a positive number, found {value!r}")
+    unknown = sorted(set(entry) - set(GPU_FIGURES) - set(OPTIONAL_GPU_FIGURES))
     if unknown:
         raise HardwareError(f"hardware table: gpus.{generation} has unknown figures {', '.join(unknown)}")
     return GpuHardware(
@@ -196,4 +209,5 @@ def load_gpu_hardware(name: str) -> GpuHardware:
         nvlink_bandwidth=values["nvlink_bandwidth"],
         network_bandwidth=values["network_bandwidth"],
         efficiency=float(table.get("efficiency", 1.0)),
+        peak_fp8_flops=None if entry.get("peak_fp8_flops") is None else float(entry["peak_fp8_flops"]),
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from shardscope.case.gpu import GpuCluster
 from shardscope.case.maxtext_keys import RENAMED_KEYS
 from shardscope.case.topology import Topology
 from shardscope.errors import ShardscopeError
@@ -100,6 +101,8 @@ class MaxTextCase:
                 f"compile_topology={self.topology.tpu.name}",
                 f"compile_topology_num_slices={self.topology.slices}",
             ]
+        elif self.topology.gpu is not None:
+            words += gpu_words(self.topology.gpu)
         else:
             # No TPU to compile for: MaxText builds its mesh from the host's (fake CPU) devices.
             words += ["hardware=cpu"]
@@ -185,11 +188,79 @@ def resolve_maxtext_model(
     """
     tree = find_tree(path)
     name = check_model(tree, model)
-    for key in ("model_name", "compile_topology", "compile_topology_num_slices", "hardware"):
-        if key in dict(args):
-            raise MaxTextError(f"--maxtext {key}=…: the model is maxtext:NAME and the topology --topology")
+    args = check_topology_keys(args, topology)
+    check_transformer_engine(args, topology)
     args, renamed = translate_renamed_keys(args, tree.keys())
     return MaxTextCase(model=name, topology=topology, args=args, tree=tree, renamed=renamed)
+
+
+# The keys that say what the step is built for: `maxtext:NAME` and `--topology` set them.
+_TOPOLOGY_KEYS = ("model_name", "compile_topology", "compile_topology_num_slices", "hardware")
+# The keys the GPU route sets to describe the cluster to MaxText (`gpu_words`).
+_GPU_KEYS = ("num_slices", "internal_compile", "internal_compile_num_devices")
+
+
+def gpu_words(gpu: GpuCluster) -> list[str]:
+    """MaxText's command line for a GPU cluster, as a multi-host GPU run of MaxText sees it.
+
+    `hardware=gpu`; a slice is an NVLink domain (MaxText's `num_slices`, from the devices' `slice_index` on a
+    real cluster: a host of an HGX cluster, a GB200 rack), so its `ici_*` keys lay axes inside a domain and
+    its `dcn_*` keys across domains. MaxText sizes its batch and its -1 axes by the target's device count,
+    which it reads from `jax.devices()` on a GPU host; here the process has one CPU device, so the count is
+    given as MaxText's ahead-of-time compile gives it (`internal_compile_num_devices`; `internal_compile`
+    does nothing else on this path: the mesh is built by `stages.maxtext_program`, not `get_topology_mesh`).
+    """
+    return [
+        "hardware=gpu",
+        f"num_slices={gpu.domains}",
+        "internal_compile=true",
+        f"internal_compile_num_devices={gpu.num_devices}",
+    ]
+
+
+def check_topology_keys(args: tuple[tuple[str, str], ...], topology: Topology) -> tuple[tuple[str, str], ...]:
+    """The command line less the keys `--topology` sets. A GPU run's own command line says `hardware=gpu`, which
+    is what the GPU route sets: taken as given; any other of these keys is refused.
+
+    Raises:
+      MaxTextError: a key naming the model or the target, or (GPU) the cluster's slices or device count.
+    """
+    kept = []
+    for key, value in args:
+        if key == "hardware" and topology.gpu is not None:
+            if value != "gpu":
+                raise MaxTextError(
+                    f"--maxtext hardware={value}: the GPU route builds MaxText's step as one program for every GPU "
+                    "(hardware=gpu); drop the key"
+                )
+            continue
+        if key in _TOPOLOGY_KEYS:
+            raise MaxTextError(f"--maxtext {key}=…: the model is maxtext:NAME and the topology --topology")
+        if key in _GPU_KEYS and topology.gpu is not None:
+            raise MaxTextError(
+                f"--maxtext {key}=…: on {topology.name} MaxText's slices are its {topology.gpu.domains} NVLink "
+                "domains and its devices the cluster's GPUs (--topology sets them)"
+            )
+        kept.append((key, value))
+    return tuple(kept)
+
+
+def check_transformer_engine(args: tuple[tuple[str, str], ...], topology: Topology) -> None:
+    """On a GPU cluster, `attention=cudnn_flash_te` (MaxText's GPU runs' attention) is NVIDIA Transformer Engine's
+    cuDNN attention, which MaxText imports as it builds the step: where it is not installed, said before MaxText
+    says something else of the same command line (its config's checks of TE's packing options).
+
+    Raises:
+      MaxTextError: the attention needs Transformer Engine and it is not importable.
+    """
+    if topology.gpu is None or dict(args).get("attention") != "cudnn_flash_te":
+        return
+    if importlib.util.find_spec("transformer_engine") is None:
+        raise MaxTextError(
+            "--maxtext attention=cudnn_flash_te: NVIDIA Transformer Engine's attention, and Transformer Engine "
+            "(transformer_engine.jax) is not installed here; install it, or plan MaxText's attention in einsums "
+            "with attention=dot_product (its scores through HBM, its causal mask skipping nothing)"
+        )
 
 
 def translate_renamed_keys(

@@ -9,8 +9,9 @@ S × (n−1)/n per GPU for an all-gather, reduce-scatter or all-to-all, 2 × S �
 and S for a send/receive (collective-permute), at the bus bandwidth of the slowest link on the way: NVLink
 inside a domain, the GPU's NIC across domains (a row that spans both is priced at the NIC: its hierarchical
 form still sends its share through it). Latency is not modelled (no published figure): a floor for small
-messages. The expected step is the longer of the compute (the whole step's roofline: FLOPs at peak, bytes at
-HBM bandwidth) and the collectives, as XLA's GPU scheduler overlaps them: the full-overlap bound.
+messages. The expected step is the longer of the compute (the whole step's roofline: FLOPs at peak, a quantized
+step's float8 matmuls at the fp8 peak, bytes at HBM bandwidth) and the collectives, as XLA's GPU scheduler
+overlaps them: the full-overlap bound.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def gpu_memory(plan: Plan, hardware: GpuHardware) -> MemoryEstimate:
     return MemoryEstimate(tuple(sorted(categories.items())), hardware.hbm_bytes, GPU_COMPILER)
 
 
+def flops_seconds(plan: Plan, flops: int, hardware: GpuHardware) -> float:
+    """The step's FLOPs at peak: those of matmuls of two float8 inputs (the work profile's `fp8` bins) at the
+    GPU's fp8 peak, the rest at its bf16 peak."""
+    fp8 = min(flops, sum(b.flops for b in plan.work if b.precision == "fp8"))
+    rate = hardware.efficiency
+    return (flops - fp8) / (hardware.peak_bf16_flops * rate) + fp8 / (hardware.peak_flops("fp8") * rate)
+
+
 def estimate_gpu_plan(plan: Plan, hardware: GpuHardware | None = None) -> Estimate:
     """The estimate of a plan compiled for a GPU cluster (`h100-2x8`), on that cluster's GPUs.
 
@@ -96,7 +105,7 @@ def estimate_gpu_plan(plan: Plan, hardware: GpuHardware | None = None) -> Estima
     compute_time = ComputeTime(
         flops=None if flops is None else float(flops),
         bytes_accessed=None if nbytes is None else float(nbytes),
-        flops_seconds=(flops or 0.0) / (hardware.peak_bf16_flops * hardware.efficiency),
+        flops_seconds=flops_seconds(plan, flops or 0, hardware),
         memory_seconds=(nbytes or 0.0) / (hardware.hbm_bandwidth * hardware.efficiency),
     )
     return Estimate(

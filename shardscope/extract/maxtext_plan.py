@@ -15,6 +15,7 @@ import jax
 
 from shardscope.case.rules import drop_unit_axes
 from shardscope.extract.collectives import extract_collectives
+from shardscope.extract.links import with_links
 from shardscope.extract.maxtext_dump import activation_records, read_activations, state_record
 from shardscope.extract.plans import compute_of, memory_of, provenance
 from shardscope.extract.state_paths import canonical_state_path
@@ -142,8 +143,8 @@ def slice_mesh(step: MaxTextStep) -> tuple[tuple[str, int], ...]:
     DCN; a program for several slices is compiled per slice, its traffic between slices host transfers)."""
     slices = step.case.topology.slices
     mesh = tuple((str(axis), int(size)) for axis, size in step.mesh.shape.items())
-    if slices == 1:
-        return mesh
+    if slices == 1 or step.case.topology.gpu is not None:
+        return mesh  # a GPU cluster's program is one for every GPU: its groups number them all
     dcn = [int(d) for d in getattr(step.config, "dcn_parallelism", [1] * len(mesh))]
     known = math.prod(d for d in dcn if d != -1)
     dcn = [slices // known if d == -1 else d for d in dcn]  # MaxText fills one -1 with the remaining slices
@@ -166,17 +167,20 @@ def maxtext_plan(step: MaxTextStep) -> Plan:
     module = read_module(step.compiled.as_text())
     program = Program(module)  # its tables and executions, read once for the compute and the work profile
     cpu, explicit = platform == "cpu", record.axis_types == "explicit"
+    collectives = extract_collectives(
+        module,
+        slice_mesh(step),
+        narrow=cpu,
+        explain=(dict(tensors), maxtext_rules(step.config)),
+        moved_out=cpu and not explicit,
+    )
+    if step.case.topology.gpu is not None:
+        collectives = with_links(collectives, step.mesh, step.case.topology.gpu)
     return Plan(
         case=record,
         provenance=_provenance(step, platform),
         tensors=tensors,
-        collectives=extract_collectives(
-            module,
-            slice_mesh(step),
-            narrow=cpu,
-            explain=(dict(tensors), maxtext_rules(step.config)),
-            moved_out=cpu and not explicit,
-        ),
+        collectives=collectives,
         memory=memory_of(step.compiled, platform),
         schema=SCHEMA,
         compute=compute_of(module, program),

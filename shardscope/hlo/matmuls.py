@@ -1,12 +1,13 @@
-"""The matmuls an op runs (a dot or convolution, or those inside a fusion): their FLOPs, and the precision
-class their inputs put the matrix units at (`WorkBin.precision`): a chip's peak differs between bfloat16
-(and wider) inputs and 8-bit ones (a quantized step's float8 or int8)."""
+"""The matmuls an op runs (a dot or convolution, a GPU program's cuBLAS call, or those inside a fusion): their
+FLOPs, and the precision class their inputs put the matrix units at (`WorkBin.precision`): a chip's peak
+differs between bfloat16 (and wider) inputs and 8-bit ones (a quantized step's float8 or int8)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
 from shardscope.hlo.executions import Program
+from shardscope.hlo.gemms import is_library_gemm
 from shardscope.hlo.records import Instruction
 from shardscope.hlo.shapes import shape_info
 from shardscope.hlo.work import instruction_flops
@@ -19,7 +20,7 @@ def matrix_precision(program: Program, instruction: Instruction, operand_shapes:
     """The precision class its matrix units run an op's matmul at (see `WorkBin.precision`): that of a dot's
     or convolution's two inputs, of the largest matmul a fusion runs inside, or of a kernel call's inputs
     (its integer group sizes aside)."""
-    if instruction.opcode in _MATRIX_OPS:
+    if instruction.opcode in _MATRIX_OPS or is_library_gemm(instruction):  # a cuBLAS call's scales follow
         return _precision_of(operand_shapes[:2])
     if instruction.opcode == "custom-call":
         return _precision_of([s for s in operand_shapes if not shape_info(s)[0].startswith("int32")])
@@ -40,8 +41,9 @@ def _precision_of(shapes: Sequence[str]) -> str:
 
 
 def matrix_flops(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> int:
-    """Matrix-unit FLOPs of one execution: a dot or convolution, or those a fusion runs inside."""
-    if instruction.opcode in _MATRIX_OPS:
+    """Matrix-unit FLOPs of one execution: a dot or convolution (or a GPU program's cuBLAS call standing for
+    one), or those a fusion runs inside."""
+    if instruction.opcode in _MATRIX_OPS or is_library_gemm(instruction):
         return instruction_flops(instruction, operand_shapes)
     return sum(matrix_flops(program, inner, shapes) for inner, shapes in _called_matmuls(program, instruction))
 

@@ -5,7 +5,8 @@ scanned loop reports one layer's work whatever the number of layers. Here every 
 XLA's `HloCostAnalysis` counts one execution of it, times how many times its computation runs per step
 (`shardscope.hlo.executions`: loop trips, calls, fusions):
 
-- FLOPs: a dot or convolution as `shardscope.cost.flops` counts it (two per multiply-add); an elementwise
+- FLOPs: a dot or convolution as `shardscope.cost.flops` counts it (two per multiply-add), and so a GPU
+  program's cuBLAS call the dot it stands for (`shardscope.hlo.gemms`); an elementwise
   arithmetic op one per element of its result; a reduce one per element folded away. Transcendental ops
   (exp, log, tanh, …) are not FLOPs, as in XLA. Ops inside fused computations count: a fusion runs them.
 - Bytes accessed: what each instruction of a computation that runs on its own (not a fused one) reads and
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from shardscope.hlo.executions import Program
 from shardscope.hlo.flops import convolution_flops, dot_flops, parse_window
+from shardscope.hlo.gemms import library_gemm_flops
 from shardscope.hlo.metadata import split_outside_brackets
 from shardscope.hlo.records import ASYNC_ENDS, Instruction, Module, parameter_index, users_of
 from shardscope.hlo.shapes import async_start_output, hbm_bytes, shape_info
@@ -88,6 +90,8 @@ def instruction_flops(instruction: Instruction, operand_shapes: Sequence[str], r
     `reducer_flops` is what one application of a reduce's `to_apply` computation costs (1 for a sum).
     """
     opcode = instruction.opcode
+    if opcode == "custom-call":  # a GPU program's cuBLAS matmul counts as the dot it stands for
+        return library_gemm_flops(instruction, operand_shapes) or 0
     if opcode == "dot" and operand_shapes:
         contracting = _int_list(instruction.attribute("lhs_contracting_dims"))
         return dot_flops(_dims(instruction.shape), _dims(operand_shapes[0]), contracting)

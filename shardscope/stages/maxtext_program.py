@@ -31,6 +31,8 @@ from shardscope.case.rules import Rule
 from shardscope.errors import MemoryExhaustedError
 from shardscope.stages.compiler_log import capture_compiler_log
 from shardscope.stages.devices import tpu_devices
+from shardscope.stages.maxtext_gpu import gpu_compile_error, gpu_compile_options, gpu_mesh_grid
+from shardscope.stages.maxtext_target import on_target
 from shardscope.stages.user_step import one_line
 
 
@@ -140,102 +142,6 @@ def maxtext_scope(step: MaxTextStep, mesh: bool = False, rules: bool = False) ->
         yield
 
 
-class _DefaultDeviceAs:
-    """`jax.extend.backend` as a module that imports it sees it, but with another default device."""
-
-    def __init__(self, backend: Any, device: Any) -> None:
-        self._backend = backend
-        self._device = device
-
-    def get_default_device(self) -> Any:
-        return self._device
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-
-@contextlib.contextmanager
-def _kernels_see_target(device: Any) -> Iterator[None]:
-    """While MaxText's step is built and traced for a TPU topology, tokamax and Pallas's TPU info see the target
-    TPU chip where they look for the process's default device (this host's CPU); nothing else does.
-
-    tokamax (`use_tokamax_gmm=True`, its `ragged_dot`) picks and checks its kernel by the default device, not
-    by the mesh: `Op.__call__` checks `supported_on` of each device of its arguments, which under a trace are
-    tracers with none, so it checks `jax.extend.backend.get_default_device()`; its Mosaic TPU kernel says
-    `device.platform == "tpu" and pltpu.get_tpu_info().generation >= 5`, and `get_tpu_info` reads the
-    abstract mesh's device kind where a mesh is set (the trace of the step) and the default device otherwise
-    (the abstract state, shaped without one); its autotuned tile sizes are looked up by the same device kind.
-    On this host that device is the CPU: the build raises `Not supported on cpu`, where on the TPU that
-    MaxText runs on tokamax's TPU kernel is traced (forward and, in the backward pass, its vjp's kernels).
-    `jax.default_device` cannot be set to the target instead: its devices compile only, and MaxText computes
-    eagerly while it builds (its example RNG key). So tokamax's modules get a `backend` whose default device is
-    the target's, and Pallas's TPU info reads the target's kind and cores where it would read the default
-    device; both restored on exit (and the TPU info it cached meanwhile dropped).
-    """
-    from jax._src.pallas.mosaic import tpu_info  # lazy: JAX starts once the device pool is sized
-    from jax.extend import backend
-
-    def device_kind() -> str:
-        return abstract.device_kind if (abstract := _abstract_device()) else str(device.device_kind)
-
-    def num_cores() -> int:
-        return int(abstract.num_cores) if (abstract := _abstract_device()) else int(device.num_cores)
-
-    seen = _DefaultDeviceAs(backend, device)
-    tokamax = [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "tokamax" and m is not None]
-    patched = [m for m in tokamax if getattr(m, "backend", None) is backend]
-    kept = (tpu_info.get_device_kind, tpu_info.get_num_device_cores)
-    for module in patched:
-        module.backend = seen  # type: ignore[attr-defined]
-    tpu_info.get_device_kind, tpu_info.get_num_device_cores = device_kind, num_cores
-    try:
-        yield
-    finally:
-        tpu_info.get_device_kind, tpu_info.get_num_device_cores = kept
-        for module in patched:
-            module.backend = backend  # type: ignore[attr-defined]
-        tpu_info.get_tpu_info.cache_clear()
-
-
-def _abstract_device() -> Any:
-    """The device of the abstract mesh set by `jax.set_mesh` (None: no mesh set, or one without devices)."""
-    from jax._src import mesh as mesh_lib  # lazy: JAX starts once the device pool is sized
-
-    return mesh_lib.get_abstract_mesh().abstract_device
-
-
-@contextlib.contextmanager
-def _absl_flags_of_no_command_line() -> Iterator[None]:
-    """tokamax reads its options (`tokamax_autotuning_cache_miss_fallback`, …) as absl flags and, the first time
-    one is read with no flags parsed yet, parses `sys.argv` for them: the command line of this process
-    (`shardscope dump … --topology …`, pytest's), not MaxText's, which absl refuses ("Unknown command line flag
-    'topology'"). For the build the flags count as parsed with their defaults, as under MaxText's own command
-    line without such flags; if nothing had parsed them before, they are unparsed again on exit."""
-    from absl import flags  # lazy: MaxText's dependency
-
-    if flags.FLAGS.is_parsed():
-        yield
-        return
-    flags.FLAGS.mark_as_parsed()
-    try:
-        yield
-    finally:
-        flags.FLAGS.unparse_flags()
-
-
-@contextlib.contextmanager
-def _on_target(case: MaxTextCase, mesh: Any) -> Iterator[None]:
-    """The build's view of its target and options: for a TPU topology, the kernels' (`_kernels_see_target`);
-    on the CPU route the host is the target. Either way tokamax's options are its defaults
-    (`_absl_flags_of_no_command_line`)."""
-    if case.topology.tpu is None:
-        with _absl_flags_of_no_command_line():
-            yield
-        return
-    with _absl_flags_of_no_command_line(), _kernels_see_target(mesh.devices.flat[0]):
-        yield
-
-
 def config_error(err: Exception) -> str:
     """MaxText's own complaint about a command line, as one line."""
     errors = getattr(err, "errors", None)
@@ -279,6 +185,10 @@ def _mesh(case: MaxTextCase, config: Any, devices: Sequence[Any] | None = None) 
     if case.topology.tpu is not None:
         tpu_devices(case.topology.tpu, case.topology.slices)  # libtpu's check and quiet environment
         return train_compile.get_topology_mesh(config)
+    axis_type = AxisType.Explicit if config.shard_mode == ShardMode.EXPLICIT else AxisType.Auto
+    if case.topology.gpu is not None:
+        grid = gpu_mesh_grid(case.topology.gpu, config)
+        return Mesh(grid, config.mesh_axes, axis_types=(axis_type,) * len(config.mesh_axes))
     devices = sorted(jax.devices(), key=lambda d: d.id) if devices is None else list(devices)
     if len(devices) != case.topology.num_devices:
         # MaxText sizes its batch and its -1 axes by the process's device count.
@@ -286,7 +196,6 @@ def _mesh(case: MaxTextCase, config: Any, devices: Sequence[Any] | None = None) 
             f"maxtext:{case.model} on {case.topology.name} needs a process of {case.topology.num_devices} "
             f"CPU devices; this one has {len(devices)}"
         )
-    axis_type = AxisType.Explicit if config.shard_mode == ShardMode.EXPLICIT else AxisType.Auto
     grid = maxtext_utils.create_device_mesh(config, devices)
     return Mesh(grid, config.mesh_axes, axis_types=(axis_type,) * len(config.mesh_axes))
 
@@ -315,7 +224,7 @@ def build_maxtext_step(
     try:
         with _quiet_stdout(), _maxtext_rng():
             mesh = _mesh(case, config, devices)
-        with _quiet_stdout(), _maxtext_rng(), _on_target(case, mesh):
+        with _quiet_stdout(), _maxtext_rng(), on_target(case, mesh):
             args, kwargs, state_shardings, logical, model = train_compile.get_shaped_inputs(mesh, config)
             params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
             input_shardings = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
@@ -343,7 +252,7 @@ def build_maxtext_step(
         return built
     rules = nn_partitioning.axis_rules(config.logical_axis_rules)
     try:
-        with _quiet_stdout(), _maxtext_rng(), _on_target(case, mesh), jax.set_mesh(mesh), mesh, rules:
+        with _quiet_stdout(), _maxtext_rng(), on_target(case, mesh), jax.set_mesh(mesh), mesh, rules:
             jitted = jax.jit(
                 function,
                 in_shardings=in_shardings,
@@ -361,12 +270,19 @@ def build_maxtext_step(
         return dataclasses.replace(built, lowered=lowered, activations=activations)
     from maxtext.utils import max_utils  # lazy: MaxText is an optional extra
 
-    options = max_utils.parse_libtpu_flags_to_dict(config.compile_xla_flags) if case.topology.tpu else {}
+    # MaxText hands its `compile_xla_flags` to a TPU compile; a GPU compile takes them too (the options of a
+    # GPU run's XLA_FLAGS), and the CPU route its own compile as MaxText runs it.
+    options = max_utils.parse_libtpu_flags_to_dict(config.compile_xla_flags) if case.topology.platform != "cpu" else {}
+    if case.topology.gpu is not None:
+        options = gpu_compile_options(options)
     try:
         with capture_compiler_log() as log:
             compiled = lowered.compile(compiler_options=options)
     except jax.errors.JaxRuntimeError as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        refused = gpu_compile_error(case, message) if case.topology.gpu is not None else None
+        if refused is not None:
+            raise MaxTextError(refused) from None
         if "RESOURCE_EXHAUSTED" in message:
             raise MemoryExhaustedError(
                 f"maxtext:{case.model} on {case.topology.name}: the compiler cannot fit the step in device memory "
