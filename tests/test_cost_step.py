@@ -545,3 +545,30 @@ def test_a_broadcast_only_the_kernel_reads_is_the_kernels():
     bins = work_profile(read_module(KERNEL_ZEROS))
     assert [entry.kind for entry in bins] == ["kernel"] * len(bins)
     assert sum(entry.ops for entry in bins) == 3  # the dot, the max, and the broadcast they read
+
+
+def test_a_kernel_records_its_sequence_minor_operands_and_counts_the_same():
+    # `sa_q_layout=SEQ_MINOR sa_v_layout=SEQ_MINOR`: q and v arrive as [.., head dim, length], and the
+    # kernel's recorded configuration says so (tokamax's QKVLayout: HEAD_DIM_MINOR 1, SEQ_MINOR 2). Read
+    # by their shapes alone, v's length would be taken for its head dimension (16x the value matmul's FLOPs).
+    recorded = (
+        'frontend_attributes={kernel_metadata={\n"xprof_metadata":"{\\"block_q\\": 256, '
+        '\\"q_layout\\": 2, \\"k_layout\\": 1, \\"v_layout\\": 2}"\n}}'
+    )
+    # Queries split over 2 devices along the sequence (context parallelism: 512 queries against 1024 keys),
+    # where reading q's head dimension as its length no longer gives the same product.
+    split = SPLASH.replace("mask = s8[1,4,4]", "mask = s8[1,2,4]").replace(
+        "q = bf16[1,2,1024,64]", "q = bf16[1,2,512,64]"
+    )
+    seq_minor = (
+        split.replace("q = bf16[1,2,512,64]", "q = bf16[1,2,64,512]")
+        .replace("v = bf16[1,2,1024,64]", "v = bf16[1,2,64,1024]")
+        .replace('custom_call_target="tpu_custom_call"\n', f'custom_call_target="tpu_custom_call", {recorded}\n', 2)
+    )
+    unrecorded = seq_minor.replace(recorded, "metadata={}")
+    flops = [
+        sum(e.flops for e in work_profile(read_module(text)) if e.kind == "kernel")
+        for text in (seq_minor, split, unrecorded)
+    ]
+    assert flops[0] == flops[1] > 0
+    assert flops[2] != flops[1]  # what the shapes alone gave

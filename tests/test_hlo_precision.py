@@ -84,3 +84,39 @@ def shardscope_golden_plans():
     from pathlib import Path
 
     return (Path(__file__).resolve().parent.parent / "golden").glob("*/cpu-8/default.json")
+
+
+def grouped_module(lhs: str, rhs: str) -> str:
+    """A grouped-matmul kernel call as a quantized MoE compiles it (tokamax's `gmm_megablox`): group sizes,
+    the tokens [4096, 2048], their scales, the experts' weights [128, 2048, 768] and theirs."""
+    a, b = f"{lhs}[4096,2048]", f"{rhs}[128,2048,768]"
+    sa, sb = ("bf16[16,128]", "bf16[1,16,128]") if lhs != "bf16" else ("", "")
+    params = [("s32[129]", "%g"), (a, "%a"), *([(sa, "%sa")] if sa else []), (b, "%b"), *([(sb, "%sb")] if sb else [])]
+    lines = [
+        f"HloModule jit_train_step, entry_computation_layout={{({', '.join(s for s, _ in params)})->bf16[4096,768]}}"
+    ]
+    lines += ["", f"ENTRY %main ({', '.join(f'{n[1:]}: {s}' for s, n in params)}) -> bf16[4096,768] {{"]
+    lines += [
+        f"  {n} = {s}{{{','.join(map(str, reversed(range(s.count(',') + 1))))}}} parameter({i})"
+        for i, (s, n) in enumerate(params)
+    ]
+    operands = ", ".join(f"{s} {n}" for s, n in params)
+    lines.append(
+        f"  ROOT %gmm_megablox.5 = bf16[4096,768]{{1,0}} custom-call({operands}), "
+        f'custom_call_target="tpu_custom_call", metadata={{op_name="{STEP}/gmm_megablox"}}'
+    )
+    return "\n".join([*lines, "}", ""])
+
+
+def test_a_quantized_grouped_kernel_is_read_at_its_matrices_precision_not_its_scales():
+    """tokamax's grouped matmul under MaxText's fp8_full takes float8 tokens and weights with bfloat16 scales
+    beside them: it runs at the fp8 rate (the scales, a few KiB, are not what the matrix units multiply)."""
+
+    def grouped_bin(lhs: str, rhs: str):
+        (found,) = [b for b in work_profile(read_module(grouped_module(lhs, rhs))) if b.kind == "grouped"]
+        return found
+
+    assert grouped_bin("f8e4m3fn", "f8e4m3fn").precision == "fp8"
+    assert grouped_bin("bf16", "bf16").precision == ""
+    assert grouped_bin("f8e4m3fn", "bf16").precision == ""
+    assert grouped_bin("f8e4m3fn", "f8e4m3fn").flops == 2 * 4096 * 2048 * 768

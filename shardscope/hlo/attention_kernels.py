@@ -30,7 +30,8 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     in the program, only its grid), on a grid of any [query blocks × key blocks] over a sequence attending
     to itself. Queries split along the sequence (context parallelism: a fraction of the keys' length)
     visit the lower triangle of the whole grid on average over the shards, as MaxText's load-balanced
-    token order makes every shard do."""
+    token order makes every shard do. An operand the kernel's recorded configuration lays out sequence-minor
+    ([.., head dim, length]) is read so."""
     if instruction.opcode != "custom-call" or "tpu_custom_call" not in (
         instruction.attribute("custom_call_target") or ""
     ):
@@ -41,6 +42,8 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     arrays = [shape_info(shape) for shape in operand_shapes]
     floats = [dims for dtype, dims, _ in arrays if len(dims) in (3, 4) and dtype.startswith(("bfloat16", "float"))]
     qk = [dims if len(dims) == 4 else (1, *dims) for dims in floats if len(dims) == len(floats[0])] if floats else []
+    transposed = seq_minor(instruction)
+    qk = [(*d[:2], d[3], d[2]) if name in transposed else d for name, d in zip(("q", "k", "v"), qk, strict=False)]
     if len(qk) < 2:
         return None
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
@@ -54,6 +57,21 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
     over_qk, over_v = _KERNEL_MATMULS[kind]
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
+
+
+# The splash kernels record their configuration in the program (`frontend_attributes={kernel_metadata=…}`),
+# the layout of each of q, k and v among it: MaxText's and tokamax's `QKVLayout`, HEAD_DIM_MINOR = 1
+# ([.., length, head dim], what the shapes are read as) or SEQ_MINOR = 2 ([.., head dim, length]), as
+# `sa_q_layout=SEQ_MINOR` and the like choose.
+_LAYOUT = re.compile(r'\\?"([qkv])_layout\\?":\s*(\d+)')
+_SEQ_MINOR = 2
+
+
+def seq_minor(instruction: Instruction) -> frozenset[str]:
+    """Which of q, k, v an attention kernel takes head dimension first, length last (SEQ_MINOR), as its
+    recorded configuration says; none when it records none."""
+    recorded = instruction.attribute("frontend_attributes") or ""
+    return frozenset(name for name, value in _LAYOUT.findall(recorded) if int(value) == _SEQ_MINOR)
 
 
 def _kernel_pass(instruction: Instruction) -> re.Match[str] | None:

@@ -18,17 +18,24 @@ _MATRIX_OPS = frozenset({"dot", "convolution"})
 
 def matrix_precision(program: Program, instruction: Instruction, operand_shapes: Sequence[str]) -> str:
     """The precision class its matrix units run an op's matmul at (see `WorkBin.precision`): that of a dot's
-    or convolution's two inputs, of the largest matmul a fusion runs inside, or of a kernel call's inputs
-    (its integer group sizes aside)."""
+    or convolution's two inputs, of the largest matmul a fusion runs inside, or of a kernel call's two
+    largest inputs (its integer group sizes and its scales aside)."""
     if instruction.opcode in _MATRIX_OPS or is_library_gemm(instruction):  # a cuBLAS call's scales follow
         return _precision_of(operand_shapes[:2])
     if instruction.opcode == "custom-call":
-        return _precision_of([s for s in operand_shapes if not shape_info(s)[0].startswith("int32")])
+        return _precision_of(_matrices(operand_shapes))
     largest: tuple[int, str] = (0, "")
     for inner, inner_shapes in _called_matmuls(program, instruction):
         flops = matrix_flops(program, inner, inner_shapes)
         largest = max(largest, (flops, matrix_precision(program, inner, inner_shapes)))
     return largest[1]
+
+
+def _matrices(operand_shapes: Sequence[str]) -> list[str]:
+    """A kernel call's two largest operands other than its int32 ones (group sizes, offsets): the matrices it
+    multiplies. A quantized kernel's scales (a bfloat16 [16, 128] beside a float8 [4096, 2048]) are small."""
+    candidates = [s for s in operand_shapes if not shape_info(s)[0].startswith("int32")]
+    return sorted(candidates, key=lambda s: -shape_info(s)[2])[:2]
 
 
 def _precision_of(shapes: Sequence[str]) -> str:
