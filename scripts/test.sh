@@ -59,10 +59,12 @@ VENV=${SHARDSCOPE_MAXTEXT_VENV:-.venv-maxtext}
 
 # MaxText 0.2.5 (the PyPI release), which needs JAX 0.11: the `maxtext025` extra (MaxText, JAX 0.11 and its libtpu)
 # in a third environment. The tests that prove it plans: its NNX state and logical axes, a CPU compile with its
-# causes, a renamed key, the refusals naming the supported versions, and a TPU compile of tokamax's kernels.
+# causes, a renamed key, the refusals naming the supported versions, and a TPU compile of tokamax's kernels;
+# and verify's reading of programs under JAX 0.11 (about three minutes in all, the install included).
 VENV025=${SHARDSCOPE_MAXTEXT025_VENV:-.venv-maxtext025}
 [ -x "$VENV025/bin/python" ] || "$PY312" -m venv "$VENV025"
 "$VENV025/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,maxtext025]"
 LANE025="nnx_state_is_planned or compiled_plan_has_passes or key_maxtext_renamed or version_this_route"
 LANE025="$LANE025 or release_on_another_jax or tokamax_grouped_matmul"
 "$VENV025/bin/python" -m pytest -p no:benchmark -p no:anyio tests/test_maxtext_program.py -k "$LANE025"
+"$VENV025/bin/python" -m pytest -p no:benchmark -p no:anyio tests/test_verify_tolerance.py
