@@ -2,8 +2,9 @@
 
 The ground truth is MaxText itself: its checked-in sharding goldens (and the dumps of other cases made with
 MaxText's unmodified dump script, `tests/data/maxtext/`), each reproduced from its own command line; and the
-NNX variables' own logical axes. Needs Python 3.12 (MaxText's floor) with `shardscope[maxtext]` installed:
-on an older Python the module is skipped, on 3.12 a missing MaxText fails.
+NNX variables' own logical axes. Needs Python 3.12 (MaxText's floor) with `shardscope[maxtext]` (MaxText 0.2.4)
+or `shardscope[maxtext025]` (0.2.5) installed: on an older Python the module is skipped, on 3.12 a missing
+MaxText fails.
 """
 
 from __future__ import annotations
