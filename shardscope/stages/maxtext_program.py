@@ -141,10 +141,17 @@ def maxtext_scope(step: MaxTextStep, mesh: bool = False, rules: bool = False) ->
         stack.enter_context(_maxtext_rng())
         if mesh or rules:
             stack.enter_context(jax.set_mesh(step.mesh))
-            stack.enter_context(step.mesh)
+            stack.enter_context(_legacy_mesh(step.case, step.config, step.mesh))
         if rules:
             stack.enter_context(nn_partitioning.axis_rules(step.config.logical_axis_rules))
         yield
+
+
+def _legacy_mesh(case: MaxTextCase, config: Any, mesh: Any) -> Any:
+    """The mesh's legacy context (`with mesh:`) where the release's train_compile and training loop enter it
+    besides `jax.set_mesh` (0.2.4 always; 0.2.5 for DiLoCo only, whose drjax reads it), else no context."""
+    legacy = case.tree.release.mesh_context_always or bool(getattr(config, "enable_diloco", False))
+    return mesh if legacy else contextlib.nullcontext()
 
 
 class _DefaultDeviceAs:
@@ -358,10 +365,7 @@ def build_maxtext_step(
     if not lower:
         return built
     rules = nn_partitioning.axis_rules(config.logical_axis_rules)
-    # The mesh's legacy context as well, where the release's train_compile enters it (0.2.4 always; 0.2.5 for
-    # DiLoCo only, whose drjax reads it).
-    legacy = case.tree.release.mesh_context_always or bool(getattr(config, "enable_diloco", False))
-    legacy_mesh = mesh if legacy else contextlib.nullcontext()
+    legacy_mesh = _legacy_mesh(case, config, mesh)
     try:
         with _quiet_stdout(), _maxtext_rng(), _on_target(case, mesh), jax.set_mesh(mesh), legacy_mesh, rules:
             jitted = jax.jit(
