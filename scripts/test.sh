@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (the TPU extra too: TPU goldens are checked; the cluster
 # extra: a test starts a local Ray cluster; the docs extra), then lint, type check, the docs build (warnings
-# are errors) and the test suite; then the GPU lane (the GPU extra) and the maxtext: lane
-# (MaxText's own programs, which need Python 3.12 or newer) in a virtual environment of its own.
+# are errors) and the test suite; then the GPU lane (the GPU extra) and the maxtext: lanes
+# (MaxText's own programs, which need Python 3.12 or newer: 0.2.4, and 0.2.5 on JAX 0.11) in virtual
+# environments of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,3 +57,15 @@ VENV=${SHARDSCOPE_MAXTEXT_VENV:-.venv-maxtext}
 # `-p no:anyio`: MaxText's dependencies bring anyio, whose pytest plugin warns on this pytest (warnings fail).
 "$VENV/bin/python" -m pytest -n auto --dist loadfile -p no:benchmark -p no:anyio tests/test_maxtext_program.py \
   tests/test_maxtext_verify.py tests/test_maxtext_gpu.py
+
+# MaxText 0.2.5 (the PyPI release), which needs JAX 0.11: the `maxtext025` extra (MaxText, JAX 0.11 and its libtpu)
+# in a third environment. The tests that prove it plans: its NNX state and logical axes, a CPU compile with its
+# causes, a renamed key, the refusals naming the supported versions, and a TPU compile of tokamax's kernels;
+# and verify's reading of programs under JAX 0.11 (about three minutes in all, the install included).
+VENV025=${SHARDSCOPE_MAXTEXT025_VENV:-.venv-maxtext025}
+[ -x "$VENV025/bin/python" ] || "$PY312" -m venv "$VENV025"
+"$VENV025/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,maxtext025]"
+LANE025="nnx_state_is_planned or compiled_plan_has_passes or key_maxtext_renamed or version_this_route"
+LANE025="$LANE025 or release_on_another_jax or tokamax_grouped_matmul"
+"$VENV025/bin/python" -m pytest -p no:benchmark -p no:anyio tests/test_maxtext_program.py -k "$LANE025"
+"$VENV025/bin/python" -m pytest -p no:benchmark -p no:anyio tests/test_verify_tolerance.py

@@ -151,3 +151,24 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("SHARDSCOPE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.cache_dir() == tmp_path / "xdg" / "shardscope"
+
+
+@pytest.mark.parametrize(
+    ("jaxlib", "options"),
+    [
+        ("0.10.2", {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}),
+        # JAX 0.11's CPU compiler has only its fusion emitters, and refuses the option that chose the others.
+        ("0.11.2", {"xla_backend_optimization_level": 0}),
+    ],
+)
+def test_the_cpu_compile_options_are_those_the_installed_jaxlib_has(monkeypatch, jaxlib, options):
+    from importlib import metadata
+
+    from shardscope.case.cpu_options import cpu_compiler_options
+
+    monkeypatch.setattr(metadata, "version", lambda name: jaxlib if name == "jaxlib" else "0")
+    cpu_compiler_options.cache_clear()
+    try:
+        assert cpu_compiler_options() == options
+    finally:
+        cpu_compiler_options.cache_clear()

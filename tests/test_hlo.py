@@ -411,6 +411,8 @@ BWD = "jit(train_step)/transpose(jvp(Model))/decoder/while/body/closed_call"
         (f"{FWD}/layers/moe/shard_map/all_to_all", "forward", "decoder/layers/moe"),
         (f"{BWD}/checkpoint/rematted_computation/layers/moe/shard_map/all_to_all", "backward", "decoder/layers/moe"),
         (f"{BWD}/layers/moe/shard_map/td,de->te/psum_invariant", "backward", "decoder/layers/moe"),
+        # JAX 0.11 names a scan's body `eval_jaxpr` (JAX 0.10: `closed_call`).
+        (f"{BWD.replace('closed_call', 'eval_jaxpr')}/checkpoint/layers/mlp/mul", "backward", "decoder/layers/mlp"),
         (f"{BWD}/layers/(moe/shard_map/td,de->te/psum_invariant:proj/dot_general)", "backward", "decoder/layers"),
         ("jit(train_step)/(transpose(jvp(Model))/embed/reduce_sum:jvp()/reduce_sum)", "backward", ""),
         ("jit(train_step)/transpose(jvp())/mul;jit(train_step)/transpose(jvp())/broadcast_in_dim", "backward", ""),

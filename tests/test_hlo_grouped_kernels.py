@@ -103,3 +103,23 @@ def test_the_tpu_compilers_ragged_dot_kernel_counts_as_grouped_and_its_group_tab
     grouped = {b.pass_: b for b in bins if b.kind == "grouped"}
     assert grouped["forward"].flops == 2 * ROWS * WIDTH * HIDDEN
     assert sum(b.flops for b in bins) == 3 * 2 * ROWS * WIDTH * HIDDEN
+
+
+def test_later_tokamax_kernel_names_count_as_the_same_grouped_matmuls():
+    """tokamax 0.0.17 (MaxText 0.2.5's) names its three kernels `pallas_tpu_ragged_dot_gmm`, `…_gmm_transpose_rhs`
+    and `…_tgmm`, and prints their kernel metadata over several lines: the same work as under the older names."""
+    text = TOKAMAX
+    for old, new in (
+        ("gmm_megablox_transpose_rhs", "pallas_tpu_ragged_dot_gmm_transpose_rhs"),
+        ("tgmm_megablox", "pallas_tpu_ragged_dot_tgmm"),
+        ("gmm_megablox.3", "pallas_tpu_ragged_dot_gmm.3"),
+        ('/gmm_megablox"', '/pallas_tpu_ragged_dot_gmm/pallas_call"'),
+    ):
+        text = text.replace(old, new)
+    metadata = 'frontend_attributes={kernel_metadata={\n"xprof_metadata":"{\\"transpose_rhs\\": false}"\n}}, metadata='
+    text = text.replace("metadata=", metadata)
+    assert "megablox" not in text and text.count("kernel_metadata") == 3
+    grouped = {b.pass_: b for b in work_profile(read_module(text)) if b.kind == "grouped"}
+    one_product = 2 * ROWS * WIDTH * HIDDEN
+    assert grouped["forward"].flops == one_product
+    assert grouped["backward"].flops == 2 * one_product

@@ -2,8 +2,9 @@
 
 The ground truth is MaxText itself: its checked-in sharding goldens (and the dumps of other cases made with
 MaxText's unmodified dump script, `tests/data/maxtext/`), each reproduced from its own command line; and the
-NNX variables' own logical axes. Needs Python 3.12 (MaxText's floor) with `shardscope[maxtext]` installed:
-on an older Python the module is skipped, on 3.12 a missing MaxText fails.
+NNX variables' own logical axes. Needs Python 3.12 (MaxText's floor) with `shardscope[maxtext]` (MaxText 0.2.4)
+or `shardscope[maxtext025]` (0.2.5) installed: on an older Python the module is skipped, on 3.12 a missing
+MaxText fails.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import maxtext  # on 3.12 the route's tests need MaxText: installed by `scripts/
 
 import shardscope
 from shardscope.case.maxtext_model import (
-    SUPPORTED_VERSIONS,
     MaxTextError,
+    find_tree,
     resolve_maxtext_model,
     translate_renamed_keys,
 )
+from shardscope.case.maxtext_releases import RELEASES, SUPPORTED_VERSIONS
 from shardscope.case.maxtext_run import parse_maxtext_args
 from shardscope.case.topology import get_topology
 from shardscope.cli import app
@@ -40,7 +42,12 @@ pytestmark = pytest.mark.slow
 # route plans on a pool of exactly its topology's devices, as MaxText sizes its batch by the device count.
 jax.devices()
 
+# The installed MaxText release (`shardscope[maxtext]`: 0.2.4; `shardscope[maxtext025]`: 0.2.5).
+RELEASE = find_tree(None).release
 DATA = Path(__file__).parent / "data" / "maxtext" / "sharding_info"
+# MaxText's goldens here are 0.2.4's (e591f30), dumped from its Linen model: a release's program is compared
+# with the goldens of that release. 0.2.5's are in neither its wheel nor a stored checkout of its source.
+GOLDENS_RELEASE = "0.2.4"
 # MaxText's own checked-in goldens (tests/utils/sharding_info/ of MaxText at the supported version): all of them,
 # as MaxText's `sharding_dump.TEST_CASES` lists them.
 MAXTEXT_GOLDENS = (
@@ -93,6 +100,7 @@ def test_every_maxtext_golden_case_is_here():
     assert all((DATA / golden / "named_shardings.json").is_file() for golden in MAXTEXT_GOLDENS)
 
 
+@pytest.mark.skipif(RELEASE.version != GOLDENS_RELEASE, reason=f"MaxText's goldens here are {GOLDENS_RELEASE}'s")
 @pytest.mark.parametrize("golden", MAXTEXT_GOLDENS + OTHER_DUMPS)
 def test_maxtext_plan_reproduces_maxtexts_own_golden(golden):
     """Every parameter, Adam moment and count (path, shape, logical axes, spec) and every activation constraint
@@ -111,8 +119,11 @@ def test_maxtext_plan_reproduces_maxtexts_own_golden(golden):
 
 @pytest.fixture(scope="module")
 def qwen_plans():
-    """Qwen3-0.6B (two layers) compiled on cpu-8 under MaxText's default NNX model and under Linen."""
+    """Qwen3-0.6B (two layers) compiled on cpu-8 under MaxText's default NNX model and (a release that has one)
+    under Linen."""
     nnx = shardscope.plan_case("maxtext:qwen3-0.6b", maxtext=SMALL)
+    if not RELEASE.linen:
+        return nnx, None
     linen = shardscope.plan_case("maxtext:qwen3-0.6b", maxtext=f"{SMALL} pure_nnx=False enable_nnx=False")
     return nnx, linen
 
@@ -122,7 +133,6 @@ def test_nnx_state_is_planned_with_the_logical_axes_of_maxtexts_variables(qwen_p
     import jax
     from flax import nnx as flax_nnx
 
-    from shardscope.case.maxtext_model import find_tree
     from shardscope.stages.maxtext_program import build_maxtext_step
 
     case = resolve_maxtext_model("maxtext:qwen3-0.6b", get_topology("cpu-8"), parse_maxtext_args(SMALL))
@@ -142,6 +152,7 @@ def test_nnx_state_is_planned_with_the_logical_axes_of_maxtexts_variables(qwen_p
         assert record.shape == tuple(variable.get_value().shape)
 
 
+@pytest.mark.skipif(not RELEASE.linen, reason=f"MaxText {RELEASE.version} has no Linen model")
 def test_linen_and_nnx_programs_place_every_weight_and_moment_alike(qwen_plans):
     nnx, linen = qwen_plans
     weights = lambda plan: {p: t for p, t in plan.tensors if t.kind in ("param", "opt_state") and "rngs" not in p}  # noqa: E731
@@ -209,6 +220,7 @@ def test_dump_writes_a_maxtext_plan_and_diff_of_two_command_lines_shows_the_move
         (["maxtext:qwen3-0.6b", "--preset", "ep-as-cp"], "--preset does not apply"),
         (["deepseek-tiny", "--maxtext-path", "/tmp"], "--maxtext-path plans a maxtext:MODEL"),
         (["maxtext:qwen3-0.6b", "--maxtext", "model_name=llama2-7b"], "the model is maxtext:NAME"),
+        (["maxtext:qwen3-0.6b", "--maxtext", "no_such_key=1", "--tensors-only"], "has no key 'no_such_key'"),
     ],
 )
 def test_wrong_maxtext_input_is_one_line_and_exit_2(args, expected):
@@ -224,8 +236,23 @@ def test_a_maxtext_version_this_route_does_not_know_is_refused_by_name(tmp_path)
     (tree / "configs" / "base.yml").write_text("model_name: default\n")
     (tree / "version.py").write_text('__version__ = "9.9.9"\n')
     result = cli("dump", "maxtext:qwen3-0.6b", "--maxtext-path", str(tmp_path))
-    assert result.exit_code == 2
-    assert "9.9.9" in result.output and all(v in result.output for v in SUPPORTED_VERSIONS)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "9.9.9" in result.output
+    assert all(f"{r.version} (JAX {r.jax})" in result.output for r in RELEASES.values())
+
+
+def test_a_supported_maxtext_release_on_another_jax_is_refused_naming_the_jax_and_its_install(tmp_path):
+    """The other supported release's tree, in this environment, whose JAX is the installed release's: refused in
+    one line with the JAX it needs and the extra that installs it, before anything imports it."""
+    other = next(r for r in RELEASES.values() if r.version != RELEASE.version)
+    tree = tmp_path / "src" / "maxtext"
+    (tree / "configs" / "models").mkdir(parents=True)
+    (tree / "configs" / "base.yml").write_text("model_name: default\n")
+    (tree / "version.py").write_text(f'__version__ = "{other.version}"\n')
+    result = cli("dump", "maxtext:qwen3-0.6b", "--maxtext-path", str(tmp_path))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"MaxText {other.version} needs JAX {other.jax}" in result.output
+    assert f"this environment has JAX {jax.__version__}" in result.output and other.extra in result.output
 
 
 def test_maxtext_not_importable_names_the_install(monkeypatch):
@@ -255,7 +282,7 @@ def test_a_key_maxtext_renamed_is_planned_under_the_trees_name_and_said_so(tmp_p
         path = tmp_path / f"{name}.json"
         result = cli("dump", "maxtext:qwen3-30b-a3b", "--tensors-only", "--maxtext", f"{moe} {extra}", "-o", str(path))
         assert result.exit_code == 0, result.output
-        warned = "fsdp_shard_on_exp: MaxText 0.2.4 names this key shard_exp_on_fsdp" in result.output
+        warned = f"fsdp_shard_on_exp: MaxText {RELEASE.version} names this key shard_exp_on_fsdp" in result.output
         assert warned == (name == "old"), result.output
         plans[name] = shardscope.load_plan(path)
     experts = [path for path in plans["new"].tensor_map if path.endswith("/moe_block/wi_0")]

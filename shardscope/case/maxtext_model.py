@@ -20,17 +20,24 @@ import yaml
 
 from shardscope.case.gpu import GpuCluster
 from shardscope.case.maxtext_keys import RENAMED_KEYS
+from shardscope.case.maxtext_releases import (
+    RELEASES,
+    MaxTextRelease,
+    installed_jax,
+    jax_mismatch,
+    supported_list,
+)
 from shardscope.case.topology import Topology
 from shardscope.errors import ShardscopeError
 
 PREFIX = "maxtext:"
-# The MaxText releases this route is tested with: 0.2.4, the PyPI release and the tree of MaxText's main in
-# August 2026 (commit e591f30). Another version may build its step differently (MaxText moves its train-step
-# helpers between releases), so it is refused by name rather than planned wrongly; 0.2.5 imports JAX 0.11's
-# API, and shardscope runs on JAX 0.10.
-SUPPORTED_VERSIONS = ("0.2.4",)
-_WHY_NOT = {"0.2.5": "it needs JAX 0.11, and shardscope runs on JAX 0.10"}
-INSTALL_HINT = "pip install 'shardscope[maxtext]' (Python 3.12 or newer), or give a checkout with --maxtext-path"
+# The MaxText releases this route plans, each with the JAX it needs (`maxtext_releases.RELEASES`). Another
+# version may build its step differently (MaxText moves its train-step helpers between releases), so it is
+# refused by name rather than planned wrongly.
+INSTALL_HINT = (
+    "pip install 'shardscope[maxtext]' (MaxText 0.2.4) or 'shardscope[maxtext025]' (MaxText 0.2.5), "
+    "Python 3.12 or newer; or give a checkout with --maxtext-path"
+)
 _VERSION = re.compile(r"""__version__\s*=\s*["']([^"']+)["']""")
 
 
@@ -45,6 +52,11 @@ class MaxTextTree:
     package_dir: Path  # …/maxtext (holds configs/base.yml)
     version: str
     checkout: bool  # given by --maxtext-path (put first on sys.path), not the installed package
+
+    @property
+    def release(self) -> MaxTextRelease:
+        """The supported release the tree is (`find_tree` refuses any other)."""
+        return RELEASES[self.version]
 
     @property
     def src(self) -> Path:
@@ -135,7 +147,8 @@ def find_tree(path: Path | None) -> MaxTextTree:
     """The MaxText tree to plan: a checkout (`--maxtext-path`: its root or its `src/`) or the installed package.
 
     Raises:
-      MaxTextError: MaxText is not installed, the path is not a MaxText tree, or its version is not supported.
+      MaxTextError: MaxText is not installed, the path is not a MaxText tree, its version is not supported, or
+        this environment's JAX is not the one that version needs.
     """
     if path is None:
         spec = importlib.util.find_spec("maxtext")
@@ -153,12 +166,13 @@ def find_tree(path: Path | None) -> MaxTextTree:
     if not (package_dir / "configs" / "base.yml").is_file():
         raise MaxTextError(f"MaxText at {package_dir} has no configs/base.yml: not a MaxText tree")
     version = _read_version(package_dir)
-    if version not in SUPPORTED_VERSIONS:
-        why = f" ({_WHY_NOT[version]})" if version in _WHY_NOT else ""
+    if version not in RELEASES:
         raise MaxTextError(
-            f"MaxText {version} (at {package_dir}) is not a version this route supports{why}; "
-            f"supported: {', '.join(SUPPORTED_VERSIONS)}"
+            f"MaxText {version} (at {package_dir}) is not a version this route supports; supported: {supported_list()}"
         )
+    mismatch = jax_mismatch(RELEASES[version], installed_jax())
+    if mismatch is not None:
+        raise MaxTextError(mismatch)
     return MaxTextTree(package_dir=package_dir, version=version, checkout=checkout)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_models import MODELS, DecoderConfig
+from shardscope.case.cpu_options import cpu_compiler_options
 from shardscope.case.maxtext_run import MaxTextRun, maxtext_run, parse_maxtext_args
 from shardscope.case.presets import (
     PRESET_SETTABLE,
@@ -354,7 +355,7 @@ def compiler_options_for(case: Case) -> dict[str, Any]:
         return {key: bools.get(value.lower(), value) for key, value in xla_flags(case.overrides).items()}
     if case.topology.platform != "cpu":
         return xla_flags(case.overrides)
-    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    return dict(cpu_compiler_options())
 
 
 @dataclass(frozen=True)

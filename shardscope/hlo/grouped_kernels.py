@@ -1,6 +1,7 @@
 """FLOPs of a grouped-matmul kernel of a TPU program, counted from the operands' and result's shapes: the Pallas
 kernels of MaxText's dropless MoE (megablox `gmm` and `tgmm`; tokamax's `gmm_megablox`,
-`gmm_megablox_transpose_rhs` and `tgmm_megablox`, which `use_tokamax_gmm` runs), and the TPU compiler's own
+`gmm_megablox_transpose_rhs` and `tgmm_megablox`, which `use_tokamax_gmm` runs, named
+`pallas_tpu_ragged_dot_…` by later tokamax), and the TPU compiler's own
 Mosaic kernel for `jax.lax.ragged_dot` (`ragged-dot-none`, which MaxText runs with neither: the forward
 product and the tokens' gradient; `ragged-dot-metadata` beside it only tabulates the groups).
 
@@ -32,7 +33,12 @@ __all__ = ["grouped_kernel_flops"]
 # `gmm_megablox_transpose_rhs.2` for the tokens' gradient, `tgmm_megablox.4`; the TPU compiler's
 # `ragged-dot-none.7`) or, called inside a shard_map or a vmap, as its op_name ends (`…/gmm/pallas_call`). The
 # transposed-weights form multiplies [m, k] by [groups, n, k]: still one k × n product per row, 2·m·k·n.
-_GROUPED_KERNEL = re.compile(r"(?:^|/)(?:t?gmm(?:_megablox(?:_transpose_rhs)?)?|ragged-dot-none)(?:\.\d+)?(?:/|$)")
+# tokamax 0.0.17 (MaxText 0.2.5's) names the same three kernels `pallas_tpu_ragged_dot_gmm`,
+# `pallas_tpu_ragged_dot_gmm_transpose_rhs` and `pallas_tpu_ragged_dot_tgmm`.
+_GROUPED_KERNEL = re.compile(
+    r"(?:^|/)(?:t?gmm(?:_megablox(?:_transpose_rhs)?)?|pallas_tpu_ragged_dot_(?:t?gmm|gmm_transpose_rhs)"
+    r"|ragged-dot-none)(?:\.\d+)?(?:/|$)"
+)
 
 
 def grouped_kernel_flops(instruction: Instruction, operand_shapes: Sequence[str]) -> int | None:

@@ -10,10 +10,12 @@ from shardscope.hlo.markers import is_marker
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][\w\-]*$")
 _METHOD_RE = re.compile(r"^[A-Za-z_][\w\-]*\.[A-Za-z_]\w*$")  # Flax's scope for a method call, "moe._routed"
-# Scopes that jax/flax transforms add to the name stack; they are not module names.
+# Scopes that jax/flax transforms add to the name stack; they are not module names. JAX 0.11 names a scan's
+# body `eval_jaxpr` where JAX 0.10 named it `closed_call`.
 _TRANSFORM_SCOPES = frozenset(
     {"while", "body", "cond", "closed_call", "core_call", "shard_map", "checkpoint", "remat", "rematted_computation"}
     | {"scan", "pjit", "jit", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "branch", "switch"}
+    | {"eval_jaxpr"}
 )
 
 

@@ -23,6 +23,7 @@ from jax.extend.random import define_prng_impl
 
 from reference_models.config import DecoderConfig
 from reference_models.decoder import Transformer
+from shardscope.case.cpu_options import cpu_compiler_options
 
 _GOLDEN = 0x9E3779B9  # 2^32 / φ: consecutive counters land far apart before mixing
 
@@ -80,8 +81,7 @@ def initial_params(config: DecoderConfig, batch_shape: tuple[int, int], seed: in
     key = jax.random.key(seed, impl=cheap_generator())
     zeros = jnp.zeros(batch_shape, jnp.int32)  # the shapes matter, not the tokens
     lowered = jax.jit(Transformer(config).init).lower(key, zeros)
-    options: dict[str, str | bool] = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": False}
-    params = lowered.compile(compiler_options=options)(key, zeros)
+    params = lowered.compile(compiler_options=cpu_compiler_options())(key, zeros)
     host = jax.tree.map(np.array, nn.unbox(params)["params"])
     for leaf in jax.tree.leaves(host):
         leaf.setflags(write=False)

@@ -18,6 +18,7 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -69,6 +70,12 @@ class MaxTextStep:
     compiler_log: str = ""
     compiler_log_visible: bool = True
     train: TrainFunction | None = None
+
+    @property
+    def nnx(self) -> bool:
+        """Whether the step is MaxText's NNX model's (its state a TrainStateNNX, no dropout key argument) rather
+        than its Linen model's. A release without Linen (0.2.5) has no `pure_nnx` key: NNX."""
+        return bool(getattr(self.config, "pure_nnx", True))
 
 
 def _import_maxtext(case: MaxTextCase) -> None:
@@ -136,10 +143,22 @@ def maxtext_scope(step: MaxTextStep, mesh: bool = False, rules: bool = False) ->
         stack.enter_context(_maxtext_rng())
         if mesh or rules:
             stack.enter_context(jax.set_mesh(step.mesh))
-            stack.enter_context(step.mesh)
+            stack.enter_context(_legacy_mesh(step.case, step.config, step.mesh))
         if rules:
             stack.enter_context(nn_partitioning.axis_rules(step.config.logical_axis_rules))
         yield
+
+
+def _legacy_mesh(case: MaxTextCase, config: Any, mesh: Any) -> Any:
+    """The mesh's legacy context (`with mesh:`) where the release's train_compile and training loop enter it
+    besides `jax.set_mesh` (0.2.4 always; 0.2.5 for DiLoCo only, whose drjax reads it), else no context."""
+    legacy = case.tree.release.mesh_context_always or bool(getattr(config, "enable_diloco", False))
+    return mesh if legacy else contextlib.nullcontext()
+
+
+# MaxText's config refusing a key it does not have: "'pure_nnx' not in 'emb_dim', 'mlp_dim', …" (0.2.5 has no
+# `pure_nnx`: a 0.2.4 command line that asks for Linen).
+_UNKNOWN_KEY = re.compile(r"'(\w+)' not in '")
 
 
 def config_error(err: Exception) -> str:
@@ -172,6 +191,10 @@ def maxtext_config(case: MaxTextCase) -> Any:
         with _quiet_stdout():
             return pyconfig.initialize(["shardscope", *case.argv()])
     except Exception as err:  # MaxText's config raises ValueError, pydantic errors, AssertionError, …
+        unknown = _UNKNOWN_KEY.match(str(err))
+        if unknown is not None:  # MaxText's message goes on to list every key it has: the name is the news
+            key = unknown.group(1)
+            raise MaxTextError(f"--maxtext {key}=…: MaxText {case.tree.version} has no key {key!r}") from None
         raise MaxTextError(f"MaxText's config refused maxtext:{case.model}: {config_error(err)}") from None
 
 
@@ -251,8 +274,9 @@ def build_maxtext_step(
     if not lower:
         return built
     rules = nn_partitioning.axis_rules(config.logical_axis_rules)
+    legacy_mesh = _legacy_mesh(case, config, mesh)
     try:
-        with _quiet_stdout(), _maxtext_rng(), on_target(case, mesh), jax.set_mesh(mesh), mesh, rules:
+        with _quiet_stdout(), _maxtext_rng(), on_target(case, mesh), jax.set_mesh(mesh), legacy_mesh, rules:
             jitted = jax.jit(
                 function,
                 in_shardings=in_shardings,

@@ -13,6 +13,7 @@ synthetic batch, and its jitted `train_step` with the gradients it computes brou
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,9 +50,11 @@ def _init_state_fn(step: MaxTextStep) -> Callable[[], Any]:
     from maxtext.utils.train_utils import create_training_optimizer
 
     config, mesh = step.config, step.mesh
-    if config.pure_nnx:
+    if step.nnx:
         create_model, model = model_creation_utils.create_nnx_abstract_model(config, mesh)
-        _, tx = create_training_optimizer(config, model)
+        # 0.2.5's loop gives the optimizer its mesh (Muon's); 0.2.4's takes none.
+        on_mesh = {"mesh": mesh} if "mesh" in inspect.signature(create_training_optimizer).parameters else {}
+        _, tx = create_training_optimizer(config, model, **on_mesh)
 
         lora = getattr(getattr(config, "lora", None), "enable_lora", False)
         wrt = getattr(nnx, "LoRAParam", nnx.Param) if lora else nnx.Param
@@ -119,7 +122,7 @@ def step_rng(step: MaxTextStep, index: int) -> Any:
     """The dropout key MaxText's training loop gives a Linen step (`fold_in(init_rng, step)`); None for NNX."""
     import jax  # lazy: JAX starts once the device pool is sized
 
-    if step.config.pure_nnx:
+    if step.nnx:
         return None
     with maxtext_scope(step):
         return jax.random.fold_in(jax.random.PRNGKey(step.config.init_weights_seed), index)
@@ -172,7 +175,7 @@ def compile_train_program(step: MaxTextStep) -> TrainProgram:
     from jax.sharding import NamedSharding, PartitionSpec
 
     train = _train(step)
-    args = [step.state, step.batch] if step.config.pure_nnx else [step.state, step.batch, step_rng(step, 0)]
+    args = [step.state, step.batch] if step.nnx else [step.state, step.batch, step_rng(step, 0)]
     try:
         with maxtext_scope(step, rules=True):
             jitted = jax.jit(

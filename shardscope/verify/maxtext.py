@@ -179,7 +179,7 @@ def _outputs(step: MaxTextStep, out_info: Any) -> _Outputs:
             indices.append(offset)
             paths.append("loss")
         offset += 1
-    root = "model" if step.config.pure_nnx else "params"
+    root = "model" if step.nnx else "params"
     for key_path, _ in jax.tree_util.tree_flatten_with_path(grads)[0]:
         indices.append(offset)
         paths.append("grads/" + canonical_state_path([root, *(_key_text(k) for k in key_path)]))
@@ -204,7 +204,7 @@ def run_side(step: MaxTextStep, program: TrainProgram, state: Any, batch: dict[s
     placed = jax.device_put(batch, step.batch_sharding)
     values = []
     for index in range(steps):
-        args = (state, placed) if step.config.pure_nnx else (state, placed, step_rng(step, index))
+        args = (state, placed) if step.nnx else (state, placed, step_rng(step, index))
         state, metrics, grads = program.compiled(*args)
         flat = jax.tree.leaves((state, metrics, grads))
         values.append(tuple(_host(flat[i]) for i in chosen.indices))

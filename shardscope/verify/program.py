@@ -192,7 +192,7 @@ def _scan(eqn: Any, ins: list[Precision], axis_sizes: Mapping[str, int]) -> list
     """A scan's outputs after `length` iterations: the body walked a few times with its carry fed back, and the
     growth of the last iteration extrapolated over the rest."""
     body = _open(eqn.params["jaxpr"])
-    consts, carries = eqn.params["num_consts"], eqn.params["num_carry"]
+    consts, carries = _scan_inputs(eqn.params)
     length = int(eqn.params["length"])
     fixed, carry, xs = ins[:consts], ins[consts : consts + carries], ins[consts + carries :]
     previous: list[Precision] = []
@@ -209,6 +209,15 @@ def _scan(eqn: Any, ins: list[Precision], axis_sizes: Mapping[str, int]) -> list
             for o, p in zip(outs, previous, strict=True)
         ]
     return outs
+
+
+def _scan_inputs(params: Mapping[str, Any]) -> tuple[int, int]:
+    """How many of a scan's inputs are constants and how many its carry (the rest are the scanned xs). JAX 0.10
+    counts them (`num_consts`, `num_carry`); JAX 0.11 groups its inputs as (consts, carry, xs) in `ft_in`."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts.vals)), len(list(carry.vals))
 
 
 def _computed_at(jaxpr: Any) -> list[tuple[int, int]]:
