@@ -205,3 +205,17 @@ def test_the_advise_study_page_is_generated_from_its_stored_plans():
     finally:
         sys.path.remove(str(BENCHMARKS))
         sys.modules.pop("advise_study", None)
+
+
+def test_the_maxtext_and_reference_comparison_on_the_validation_page_is_generated(bench):
+    """The page's side-by-side of MaxText's own program and the reference model (tensors, traffic per axis,
+    HBM need, expected step) is what the stored plans give, and each run apart by over 5% says why."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        side_by_side = importlib.import_module("maxtext_vs_reference")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    block = side_by_side.page_block()
+    assert block.count("reference tensors identical") == len(side_by_side.RUNS)
+    assert "not yet explained" not in block
+    assert side_by_side.main(["--check"]) == 0
