@@ -219,3 +219,19 @@ def test_the_maxtext_and_reference_comparison_on_the_validation_page_is_generate
     assert block.count("reference tensors identical") == len(side_by_side.RUNS)
     assert "not yet explained" not in block
     assert side_by_side.main(["--check"]) == 0
+
+
+def test_a_priced_plan_holds_its_expected_step_between_its_bounds_with_host_transfers():
+    """A step whose host offload transfers outlast its compute (MaxText's `offload` remat policy on a slow host
+    link): the estimate's own bounds count them, as its expected step does."""
+    import shardscope
+    from shardscope.cost.price import price_plan
+    from shardscope.hlo.profile import WorkKind
+
+    plan = shardscope.load_plan(BENCHMARKS / "plans" / "llama3.1-8b_v6e-8_tr014.tpu.json")
+    offload = WorkBin(WorkKind.HOST, "forward", 32, None, 1, 0, 10**13, 32)
+    for work in (plan.work, (*plan.work, offload)):
+        estimate = price_plan(dataclasses.replace(plan, work=work), None).estimate
+        assert estimate is not None and estimate.expected is not None
+        assert estimate.step_full_overlap * (1 - 1e-9) <= estimate.expected <= estimate.step_no_overlap * (1 + 1e-9)
+    assert estimate.host_transfer > estimate.compute.seconds  # the case the bounds missed

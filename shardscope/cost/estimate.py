@@ -18,7 +18,7 @@ from shardscope.cost.compute import compute_time
 from shardscope.cost.dcn import cross_slice_rows
 from shardscope.cost.layout import SLICE, Layout
 from shardscope.cost.memory import memory_need
-from shardscope.cost.step import expected_step, per_op_compute, tpu_execution
+from shardscope.cost.step import expected_step, host_seconds, per_op_compute, tpu_execution
 from shardscope.hlo.profile import WorkBin
 from shardscope.plan.cpu_only import cpu_only
 from shardscope.plan.document import Plan
@@ -153,6 +153,7 @@ def estimate_plan(
     expected, method = _expected(work, pairs, hardware, cpu_program, width)
     if work:
         compute = dataclasses.replace(compute, per_op_seconds=per_op_compute(work, hardware, cpu_program, width))
+    host = sum(host_seconds(entry, hardware) for entry in work)
     return Estimate(
         hardware=hardware.name,
         slice_shape=layout.slice_shape,
@@ -173,6 +174,7 @@ def estimate_plan(
         expected=expected,
         expected_method=method,
         route=route,
+        host_transfer=host,
     )
 
 

@@ -124,13 +124,16 @@ class Estimate:
     expected: float | None = None
     expected_method: str | None = None
     route: str = ""
+    # Seconds per step of the host offload transfers (a remat policy's `offload`: HBM to host memory and
+    # back) on the chip's host link: they overlap compute as collectives do, so the bounds hold them too.
+    host_transfer: float = 0.0
 
     @property
     def step_no_overlap(self) -> float:
-        """Upper bound: compute, then every collective, one after another."""
-        return self.compute.seconds + self.communication
+        """Upper bound: compute, then every collective and host transfer, one after another."""
+        return self.compute.seconds + self.communication + self.host_transfer
 
     @property
     def step_full_overlap(self) -> float:
-        """Lower bound: communication entirely hidden behind compute (or the reverse)."""
-        return max(self.compute.seconds, self.communication)
+        """Lower bound: communication and host transfers entirely hidden behind compute (or the reverse)."""
+        return max(self.compute.seconds, self.communication + self.host_transfer)

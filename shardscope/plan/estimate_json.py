@@ -75,6 +75,8 @@ def estimate_to_json(estimate: Estimate) -> dict[str, Any]:
             "full_overlap": estimate.step_full_overlap,
             "expected": estimate.expected,
             "expected_method": estimate.expected_method,
+            # written only where there is some, so that plans without host offload read as they always did
+            **({"host_transfer": estimate.host_transfer} if estimate.host_transfer else {}),
         },
         "route": estimate.route,
         "memory": {
@@ -139,6 +141,7 @@ def estimate_from_document(data: EstimateDocument) -> Estimate:
         ),
         expected=step.get("expected"),
         expected_method=step.get("expected_method"),
+        host_transfer=step.get("host_transfer", 0.0),
         route=data.get("route", ""),
         memory=MemoryEstimate(
             categories=tuple((name, memory["categories"][name]) for name in memory["order"]),

@@ -119,6 +119,7 @@ class StepDocument(TypedDict):
     full_overlap: NotRequired[float]
     expected: NotRequired[float | None]
     expected_method: NotRequired[str | None]
+    host_transfer: NotRequired[float]
 
 
 class MemoryDocument(TypedDict):
