@@ -48,13 +48,14 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
         return None
     (batch, heads, queries, dim), keys = qk[0], qk[1][2]
     value_dim = qk[2][3] if len(qk) > 2 else dim
-    grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
-    visited = 1.0
-    if grid is not None and keys % queries == 0 and min(grid) > 0:
-        visited = causal_block_fraction(grid[0] * keys // queries, grid[1])
     kind = match.group(1)
     if kind == "dkv" and _gradient_outputs(instruction.shape, floats) >= 3:
         kind = "bwd"  # a key/value kernel that returns the queries' gradient too: the fused backward kernel
+    grid = next((dims[-2:] for dtype, dims, _ in arrays if dtype == "int8" and len(dims) >= 2), None)
+    grid = grid or recorded_grid(instruction, kind, queries, keys)
+    visited = 1.0
+    if grid is not None and keys % queries == 0 and min(grid) > 0:
+        visited = causal_block_fraction(grid[0] * keys // queries, grid[1])
     over_qk, over_v = _KERNEL_MATMULS[kind]
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
 
@@ -65,6 +66,27 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
 # `sa_q_layout=SEQ_MINOR` and the like choose.
 _LAYOUT = re.compile(r'\\?"([qkv])_layout\\?":\s*(\d+)')
 _SEQ_MINOR = 2
+
+
+# The block sizes each pass's kernel records (tokamax's splash config): a kernel that takes its block mask as
+# a list of the blocks it visits (static sparsity: an int8 [visited] operand, no [query × key] grid in its
+# shapes) has its grid from these and its lengths.
+_BLOCK = re.compile(r'\\?"(block_\w+)\\?":\s*(\d+)')
+_PASS_BLOCKS = {
+    "fwd": ("block_q", "block_kv"),
+    "dq": ("block_q_dq", "block_kv_dq"),
+    "dkv": ("block_q_dkv", "block_kv_dkv"),
+    "bwd": ("block_q_dkv", "block_kv_dkv"),
+}
+
+
+def recorded_grid(instruction: Instruction, kind: str, queries: int, keys: int) -> tuple[int, int] | None:
+    """[query blocks, key blocks] of a kernel pass from the block sizes it records (None: it records none)."""
+    blocks = {name: int(value) for name, value in _BLOCK.findall(instruction.attribute("frontend_attributes") or "")}
+    rows, columns = (blocks.get(name) for name in _PASS_BLOCKS[kind])
+    if not rows or not columns:
+        return None
+    return -(-queries // rows), -(-keys // columns)
 
 
 def seq_minor(instruction: Instruction) -> frozenset[str]:
