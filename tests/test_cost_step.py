@@ -572,3 +572,22 @@ def test_a_kernel_records_its_sequence_minor_operands_and_counts_the_same():
     ]
     assert flops[0] == flops[1] > 0
     assert flops[2] != flops[1]  # what the shapes alone gave
+
+
+def test_a_kernel_given_the_list_of_blocks_it_visits_counts_its_causal_blocks_from_its_recorded_sizes():
+    # tokamax's static sparsity: the mask arrives as the 10 blocks a causal 4 x 4 grid visits (an int8 [10]),
+    # not as the grid; the kernel records its block sizes (256 of 1024: a 4 x 4 grid per pass).
+    recorded = (
+        'frontend_attributes={kernel_metadata={\n"xprof_metadata":"{\\"block_q\\": 256, \\"block_kv\\": 256, '
+        '\\"block_q_dkv\\": 256, \\"block_kv_dkv\\": 256, \\"q_layout\\": 1}"\n}}'
+    )
+    listed = SPLASH.replace("mask = s8[1,4,4]", "mask = s8[10]").replace(
+        'custom_call_target="tpu_custom_call"\n', f'custom_call_target="tpu_custom_call", {recorded}\n', 2
+    )
+    unrecorded = listed.replace(recorded, "metadata={}")
+    flops = [
+        sum(e.flops for e in work_profile(read_module(text)) if e.kind == "kernel")
+        for text in (listed, SPLASH, unrecorded)
+    ]
+    assert flops[0] == flops[1] > 0
+    assert flops[2] == round(flops[1] * 16 / 10)  # without the sizes: the whole grid
