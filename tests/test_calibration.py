@@ -3,6 +3,7 @@ the published-runs page and the README's summary generated from them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import sys
@@ -20,6 +21,17 @@ from shardscope.plan.estimate import RowTime
 from shardscope.plan.records import CollectiveRow
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@contextlib.contextmanager
+def benchmark_script(name: str):
+    """One of benchmarks/'s scripts, imported as they import each other, and forgotten afterwards."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +124,12 @@ def test_the_predictions_hbm_passes_are_the_best_fit_to_the_fitting_runs_alone(b
     """The prediction's two fitted constants obey the cost model's rule: the grid's best against the compiled
     steps of the fitting runs' plans, no validation run among them."""
     _, published_runs = bench
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        prediction = importlib.import_module("prediction")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
     from shardscope.predict import work
 
-    plans = prediction._fitting_plans()
-    assert plans and all(stem.rsplit(".", 1)[0] in published_runs.fitting_ids() for stem, *_ in plans)
-    assert prediction.best_pair(prediction.fit_grid()) == (work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES)
+    with benchmark_script("prediction") as prediction:
+        plans = prediction._fitting_plans()
+        assert plans and all(stem.rsplit(".", 1)[0] in published_runs.fitting_ids() for stem, *_ in plans)
+        assert prediction.best_pair(prediction.fit_grid()) == (work._ELEMENTWISE_PASSES, work._DISPATCH_PASSES)
 
 
 def test_check_fails_when_the_table_differs_from_the_fit(bench, monkeypatch, capsys):
@@ -197,28 +205,19 @@ def test_the_expected_step_lies_between_its_bounds(work, rows, cpu):
 
 def test_the_advise_study_page_is_generated_from_its_stored_plans():
     """docs/concepts/advise-study.md holds advise_study.py's comparison of the stored compiled plans."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        study = importlib.import_module("advise_study")
+    with benchmark_script("advise_study") as study:
         assert study.main(["--check"]) == 0, "run python benchmarks/advise_study.py --write"
         assert "Rank correlation" in study.PAGE.read_text()
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.modules.pop("advise_study", None)
 
 
 def test_the_maxtext_and_reference_comparison_on_the_validation_page_is_generated(bench):
     """The page's side-by-side of MaxText's own program and the reference model (tensors, traffic per axis,
     HBM need, expected step) is what the stored plans give, and each run apart by over 5% says why."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        side_by_side = importlib.import_module("maxtext_vs_reference")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    block = side_by_side.page_block()
-    assert block.count("reference tensors identical") == len(side_by_side.RUNS)
-    assert "not yet explained" not in block
-    assert side_by_side.main(["--check"]) == 0
+    with benchmark_script("maxtext_vs_reference") as side_by_side:
+        block = side_by_side.page_block()
+        assert block.count("reference tensors identical") == len(side_by_side.RUNS)
+        assert "not yet explained" not in block
+        assert side_by_side.main(["--check"]) == 0
 
 
 def test_a_priced_plan_holds_its_expected_step_between_its_bounds_with_host_transfers():
