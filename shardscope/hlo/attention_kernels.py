@@ -60,18 +60,14 @@ def attention_kernel_flops(instruction: Instruction, operand_shapes: Sequence[st
     return round(2 * batch * heads * queries * keys * (over_qk * dim + over_v * value_dim) * visited)
 
 
-# The splash kernels record their configuration in the program (`frontend_attributes={kernel_metadata=…}`),
-# the layout of each of q, k and v among it: MaxText's and tokamax's `QKVLayout`, HEAD_DIM_MINOR = 1
-# ([.., length, head dim], what the shapes are read as) or SEQ_MINOR = 2 ([.., head dim, length]), as
-# `sa_q_layout=SEQ_MINOR` and the like choose.
-_LAYOUT = re.compile(r'\\?"([qkv])_layout\\?":\s*(\d+)')
+# The splash kernels record their configuration in the program (`frontend_attributes={kernel_metadata=…}`, a
+# JSON object of whole numbers and flags): the layout of each of q, k and v, MaxText's and tokamax's
+# `QKVLayout`, HEAD_DIM_MINOR = 1 ([.., length, head dim], what the shapes are read as) or SEQ_MINOR = 2
+# ([.., head dim, length]), as `sa_q_layout=SEQ_MINOR` and the like choose; and each pass's block sizes, from
+# which a kernel that takes its block mask as a list of the blocks it visits (tokamax's static sparsity: an
+# int8 [visited] operand, no [query × key] grid in its shapes) has its grid.
+_RECORDED = re.compile(r'\\?"(\w+)\\?":\s*(\d+)')
 _SEQ_MINOR = 2
-
-
-# The block sizes each pass's kernel records (tokamax's splash config): a kernel that takes its block mask as
-# a list of the blocks it visits (static sparsity: an int8 [visited] operand, no [query × key] grid in its
-# shapes) has its grid from these and its lengths.
-_BLOCK = re.compile(r'\\?"(block_\w+)\\?":\s*(\d+)')
 _PASS_BLOCKS = {
     "fwd": ("block_q", "block_kv"),
     "dq": ("block_q_dq", "block_kv_dq"),
@@ -80,10 +76,15 @@ _PASS_BLOCKS = {
 }
 
 
+def _recorded(instruction: Instruction) -> dict[str, int]:
+    """The whole numbers of a kernel's recorded configuration, by name (empty when it records none)."""
+    return {name: int(value) for name, value in _RECORDED.findall(instruction.attribute("frontend_attributes") or "")}
+
+
 def recorded_grid(instruction: Instruction, kind: str, queries: int, keys: int) -> tuple[int, int] | None:
     """[query blocks, key blocks] of a kernel pass from the block sizes it records (None: it records none)."""
-    blocks = {name: int(value) for name, value in _BLOCK.findall(instruction.attribute("frontend_attributes") or "")}
-    rows, columns = (blocks.get(name) for name in _PASS_BLOCKS[kind])
+    recorded = _recorded(instruction)
+    rows, columns = (recorded.get(name) for name in _PASS_BLOCKS[kind])
     if not rows or not columns:
         return None
     return -(-queries // rows), -(-keys // columns)
@@ -92,8 +93,8 @@ def recorded_grid(instruction: Instruction, kind: str, queries: int, keys: int) 
 def seq_minor(instruction: Instruction) -> frozenset[str]:
     """Which of q, k, v an attention kernel takes head dimension first, length last (SEQ_MINOR), as its
     recorded configuration says; none when it records none."""
-    recorded = instruction.attribute("frontend_attributes") or ""
-    return frozenset(name for name, value in _LAYOUT.findall(recorded) if int(value) == _SEQ_MINOR)
+    recorded = _recorded(instruction)
+    return frozenset(name for name in "qkv" if recorded.get(f"{name}_layout") == _SEQ_MINOR)
 
 
 def _kernel_pass(instruction: Instruction) -> re.Match[str] | None:
