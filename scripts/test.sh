@@ -56,7 +56,7 @@ VENV=${SHARDSCOPE_MAXTEXT_VENV:-.venv-maxtext}
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev,tpu,maxtext,gpu]"
 # `-p no:anyio`: MaxText's dependencies bring anyio, whose pytest plugin warns on this pytest (warnings fail).
 "$VENV/bin/python" -m pytest -n auto --dist loadfile -p no:benchmark -p no:anyio tests/test_maxtext_program.py \
-  tests/test_maxtext_verify.py tests/test_maxtext_gpu.py
+  tests/test_maxtext_verify.py tests/test_maxtext_gpu.py tests/test_maxtext_frontends.py
 
 # MaxText 0.2.5 (the PyPI release), which needs JAX 0.11: the `maxtext025` extra (MaxText, JAX 0.11 and its libtpu)
 # in a third environment. The tests that prove it plans: its NNX state and logical axes, a CPU compile with its

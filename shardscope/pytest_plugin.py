@@ -2,8 +2,9 @@
 
 Installed as a pytest plugin (entry point `shardscope`). A failing golden prints the change table, not a
 checksum; `pytest --shardscope-update` rewrites the goldens instead of failing. A missing golden fails
-and says how to create it. `shardscope_golden.verify_step(make_step)` checks a program's numbers instead:
-on the topology's devices against one device.
+and says how to create it. `shardscope_golden.check_case(model, path, …)` guards a case as `shardscope dump`
+plans it, MaxText's own programs (`maxtext:NAME`) included. `shardscope_golden.verify_step(make_step)` checks
+a program's numbers instead: on the topology's devices against one device.
 
 When asked, before any test file or conftest imports JAX, the plugin gives it a pool of fake CPU devices to
 build meshes on: `--shardscope-devices N` (or `shardscope_devices = N` in the ini file) sets
@@ -160,6 +161,44 @@ class GoldenChecker:
         else:
             plan = plan_step_function(step, target, name or path.stem)
         self.check_plan(plan, path)
+
+    def check_case(
+        self,
+        model: str,
+        path: str | Path,
+        *,
+        preset: str = "default",
+        topology: str = "cpu-8",
+        mesh: str = "",
+        settings: tuple[str, ...] = (),
+        maxtext: str = "",
+        maxtext_path: str | Path | None = None,
+    ) -> None:
+        """Golden-checks a case as `shardscope dump` plans and prices it: a reference model under a preset, or
+        MaxText's own program (`maxtext:NAME`, configured by `maxtext`, MaxText's command line; planned in a
+        child process with its own devices, so the test's devices do not matter). A case that cannot be
+        planned fails the test with its one-line reason."""
+        # lazy: the plugin loads with every pytest run
+        from shardscope.golden.cases import MAXTEXT_PREFIX, GoldenCase
+        from shardscope.golden.runner import priced
+        from shardscope.golden.worker import dump_one
+        from shardscope.plan.json import plan_from_json
+
+        case = GoldenCase(
+            model,
+            "" if model.startswith(MAXTEXT_PREFIX) else preset,
+            topology,
+            mesh,
+            tuple(settings),
+            maxtext=maxtext,
+            maxtext_path="" if maxtext_path is None else str(maxtext_path),
+        )
+        if case.is_maxtext and (preset != "default" or mesh or settings):
+            pytest.fail(f"{model} is configured by MaxText's command line alone: pass maxtext='k=v …'", pytrace=False)
+        result = dump_one(case)
+        if result.plan_json is None:
+            pytest.fail(f"{case.case_id}: {result.error}", pytrace=False)
+        self.check_plan(plan_from_json(priced(case, result.plan_json)), path)
 
     def verify_step(self, step: Any, topology: str = "cpu-8") -> Any:
         """Runs a program of one's own on `topology`'s devices and on one device and fails the test, with the

@@ -57,3 +57,12 @@ def test_piped_output_is_120_columns_and_paths_are_not_broken(tmp_path):
     assert shown
     for word in shown:
         assert any(_matches(word, path) for path in paths), word
+
+
+def test_compared_columns_too_long_for_a_column_are_lettered_and_spelled_out_in_the_legend():
+    from shardscope.report.compare import column_headers
+
+    assert column_headers(["default", "ep-as-cp"]) == (["default", "ep-as-cp"], None)
+    headers, legend = column_headers(["default", "ici_fsdp_parallelism=2 ici_tensor_parallelism=2"])
+    assert headers == ["A", "B"]
+    assert legend == "A: default\nB: ici_fsdp_parallelism=2 ici_tensor_parallelism=2"

@@ -79,6 +79,11 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("dump", "mixtral-tiny", "--maxtext", "custom_mesh_and_rule=ep-as-cpp"), "did you mean 'ep-as-cp'"),
     (("dump", "mixtral-tiny", "--mesh", "fsdp=8", "--maxtext", "steps=1"), "size the mesh with MaxText's ici_"),
     (("lint", "mixtral-tiny", "--maxtext", "per_device_batch_size=x"), "per_device_batch_size=x: expected a number"),
+    # compare of MaxText's own program: variants of its command line
+    (("compare", "maxtext:qwen3-0.6b"), "name MaxText keys to compare with --preset"),
+    (("compare", "maxtext:qwen3-0.6b", "-p", "ep-as-cp"), "(e.g. --preset 'custom_mesh_and_rule=ep-as-cp')"),
+    (("compare", "maxtext:qwen3-0.6b", "-p", "steps=1", "-p", "steps=1"), "each variant once"),
+    (("compare", "llama-tiny", "--maxtext-path", "/tmp"), "--maxtext-path plans a maxtext:MODEL"),
     (
         ("dump", "mixtral-tiny", "--topology", "v5p-8", "--slices", "4", "--maxtext", "dcn_fsdp_parallelism=2"),
         "dcn_axis=data:2,fsdp:2 (--set, or MaxText's dcn_*_parallelism): TPU slices are joined over one",

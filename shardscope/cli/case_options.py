@@ -120,3 +120,29 @@ def check_model_or_step(
         )
         if given:
             raise ShardscopeError(f"--step brings its own mesh and shardings: {', '.join(given)} does not apply")
+
+
+def maxtext_variants(model: str, variants: Sequence[str] | None) -> list[str]:
+    """What `compare maxtext:MODEL` lays side by side: each `--preset` is MaxText keys ('k=v …') added to the
+    command line, `default` the command line as given.
+
+    Raises:
+      ShardscopeError: no variant, a bare name that is neither `default` nor keys, or a variant given twice.
+    """
+    example = "--preset default --preset 'ici_fsdp_parallelism=4 ici_tensor_parallelism=2'"
+    if not variants:
+        raise ShardscopeError(f"compare {model}: name MaxText keys to compare with --preset (e.g. {example})")
+    for variant in variants:
+        if variant != "default" and "=" not in variant:
+            raise ShardscopeError(
+                f"--preset {variant}: {model} is configured by MaxText's command line; compare MaxText keys "
+                f"'k=v …' or default (e.g. --preset 'custom_mesh_and_rule={variant}')"
+            )
+    if len(set(variants)) != len(variants):
+        raise ShardscopeError(f"--preset: each variant once, found {', '.join(variants)}")
+    return list(variants)
+
+
+def with_variant(maxtext: str | None, variant: str) -> str:
+    """MaxText's command line of one variant: its keys after the common ones (MaxText takes the last of a key)."""
+    return " ".join(part for part in (maxtext or "", "" if variant == "default" else variant) if part)

@@ -4,7 +4,7 @@ memory, tensor bytes), best value of each row marked; planned in parallel, throu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,7 @@ from shardscope.cli.app import (
     JobsOption,
     JsonOption,
     MaxTextOption,
+    MaxTextPathOption,
     MeshOption,
     NoCacheOption,
     app,
@@ -21,8 +22,17 @@ from shardscope.cli.app import (
     fail,
     make_console,
 )
-from shardscope.cli.case_options import resolve_cli_case
+from shardscope.cli.case_options import (
+    check_maxtext_path,
+    maxtext_variants,
+    resolve_cli_case,
+    resolve_cli_maxtext_case,
+    with_variant,
+)
 from shardscope.errors import ShardscopeError
+
+if TYPE_CHECKING:
+    from shardscope.golden.cases import GoldenCase
 
 
 @app.command("compare")
@@ -41,33 +51,21 @@ def compare_command(
     hardware: HardwareOption = None,
     efficiency: EfficiencyOption = None,
     maxtext: MaxTextOption = None,
+    maxtext_path: MaxTextPathOption = None,
 ) -> None:
-    """Plans a model under several presets and lays them side by side, the best value of each row marked."""
-    from shardscope.case.presets import builtin_preset_names  # lazy: off the --help path (no JAX)
-    from shardscope.golden.cases import GoldenCase
+    """Plans a model under several presets and lays them side by side, the best value of each row marked.
+
+    For maxtext:MODEL each --preset is MaxText keys ('k=v …') added to --maxtext, or default (--maxtext as is)."""
+    from shardscope.case.maxtext_model import is_maxtext_model  # lazy: off the --help path (no JAX)
     from shardscope.golden.runner import default_jobs, dump_cases
 
-    names = list(presets or builtin_preset_names())
-    cases = [
-        GoldenCase(
-            model,
-            p,
-            topology,
-            mesh or "",
-            tuple(settings or ()),
-            name=f"{i}",
-            hardware=hardware,
-            efficiency=efficiency,
-            maxtext=maxtext or "",
-        )
-        for i, p in enumerate(names)
-    ]
     try:
-        if len(set(names)) != len(names):
-            raise ShardscopeError(f"--preset: each preset once, found {', '.join(names)}")
-        if maxtext is not None:
-            # Checked (and its warnings shown) once, before any compile: every preset shares the command line.
-            resolve_cli_case(model, names[0], topology, mesh, settings, maxtext)
+        check_maxtext_path(model, maxtext_path)
+        if is_maxtext_model(model):
+            names = maxtext_variants(model, presets)
+            cases = _maxtext_cases(model, names, topology, mesh, settings, maxtext, maxtext_path, hardware, efficiency)
+        else:
+            names, cases = _preset_cases(model, presets, topology, mesh, settings, hardware, efficiency, maxtext)
         check_writable((html, "--html"))
         results = {r.case.name: r for r in dump_cases(cases, jobs or default_jobs(), use_cache=not no_cache)}
         failed = [r for r in results.values() if r.plan_json is None]
@@ -102,3 +100,76 @@ def compare_command(
     console.print(comparison_renderable(comparison))
     if html is not None:
         console.print(f"comparison written to {html}")
+
+
+def _preset_cases(
+    model: str,
+    presets: list[str] | None,
+    topology: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    hardware: str | None,
+    efficiency: float | None,
+    maxtext: str | None,
+) -> tuple[list[str], list[GoldenCase]]:
+    """A reference model's cases, one per preset (all built-ins when none are named)."""
+    # lazy: off the --help path (no JAX)
+    from shardscope.case.presets import builtin_preset_names
+    from shardscope.golden.cases import GoldenCase
+
+    names = list(presets or builtin_preset_names())
+    if len(set(names)) != len(names):
+        raise ShardscopeError(f"--preset: each preset once, found {', '.join(names)}")
+    if maxtext is not None:
+        # Checked (and its warnings shown) once, before any compile: every preset shares the command line.
+        resolve_cli_case(model, names[0], topology, mesh, settings, maxtext)
+    cases = [
+        GoldenCase(
+            model,
+            p,
+            topology,
+            mesh or "",
+            tuple(settings or ()),
+            name=f"{i}",
+            hardware=hardware,
+            efficiency=efficiency,
+            maxtext=maxtext or "",
+        )
+        for i, p in enumerate(names)
+    ]
+    return names, cases
+
+
+def _maxtext_cases(
+    model: str,
+    variants: list[str],
+    topology: str,
+    mesh: str | None,
+    settings: list[str] | None,
+    maxtext: str | None,
+    maxtext_path: Path | None,
+    hardware: str | None,
+    efficiency: float | None,
+) -> list[GoldenCase]:
+    """MaxText's own program once per variant of its command line, each checked (model, keys, tree) before any
+    compile; the variants plan in parallel as golden cases do."""
+    from shardscope.golden.cases import GoldenCase  # lazy: off the --help path (no JAX)
+
+    cases: list[GoldenCase] = []
+    for i, variant in enumerate(variants):
+        line = with_variant(maxtext, variant)
+        resolve_cli_maxtext_case(model, topology, "default", mesh, settings, line, maxtext_path)
+        path = "" if maxtext_path is None else str(maxtext_path)
+        cases.append(
+            GoldenCase(
+                model,
+                "",
+                topology,
+                name=f"{i}",
+                hardware=hardware,
+                efficiency=efficiency,
+                maxtext=line,
+                maxtext_path=path,
+            )
+        )
+    return cases

@@ -29,14 +29,22 @@ def value_text(value: float | None, section: str = "") -> str:
 def comparison_renderable(comparison: Comparison) -> FitToWidth:
     """One table: a row per figure, a column per plan, the best value of each row bold and starred."""
 
+    headers, legend = column_headers(comparison.names)
+
     def build(width: int) -> Table:
-        table = Table(title="Presets compared (per device; * = best)", title_justify="left", show_edge=False)
+        table = Table(
+            title="Presets compared (per device; * = best)",
+            title_justify="left",
+            show_edge=False,
+            caption=legend,
+            caption_justify="left",
+        )
         # Values need 9 cells ("1009 KiB*"); the figure's name takes what is left, folded.
         columns = len(comparison.names) + 1
         label = max(10, width - 9 * len(comparison.names) - 3 * columns + 1)
         table.add_column("figure", overflow="fold", width=label)
-        for name in comparison.names:
-            table.add_column(name, justify="right", overflow="fold", width=9)
+        for header in headers:
+            table.add_column(header, justify="right", overflow="fold", width=9)
         section = None
         for row in comparison.rows:
             if row.section != section:
@@ -52,6 +60,15 @@ def comparison_renderable(comparison: Comparison) -> FitToWidth:
         return table
 
     return FitToWidth(build)
+
+
+def column_headers(names: list[str] | tuple[str, ...]) -> tuple[list[str], str | None]:
+    """The columns' headers and the legend under the table: the names themselves when each fits a 9-cell column,
+    else letters, each spelled out in the legend (a MaxText command line folded into 9 cells cannot be read)."""
+    if all(len(name) <= 9 for name in names):
+        return list(names), None
+    letters = [chr(ord("A") + i) if i < 26 else f"#{i + 1}" for i in range(len(names))]
+    return letters, "\n".join(f"{letter}: {name}" for letter, name in zip(letters, names, strict=True))
 
 
 def _row_view(row: ComparisonRow) -> dict[str, Any]:
