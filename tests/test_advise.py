@@ -410,3 +410,49 @@ def test_the_commands_defaults_are_the_librarys():
     from shardscope.cli import advise as command
 
     assert (command.DEFAULT_CONFIRM, command.DEFAULT_MARGIN) == (advice.DEFAULT_CONFIRM, advice.DEFAULT_MARGIN)
+
+
+def _maxtext_space(tmp_path, args, free, held, devices=8, experts=None):
+    """A `maxtext:` search space over a stand-in MaxText tree (its model config only)."""
+    from shardscope.advise.maxtext_sweep import MaxTextSpace
+    from shardscope.case.maxtext_model import MaxTextCase, MaxTextTree
+    from shardscope.case.topology import get_topology
+
+    models = tmp_path / "maxtext" / "configs" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "m.yml").write_text("" if experts is None else f"num_experts: {experts}\n")
+    tree = MaxTextTree(tmp_path / "maxtext", "0.2.4", checkout=False)
+    case = MaxTextCase("m", get_topology(f"cpu-{devices}"), args, tree)
+    return MaxTextSpace(case, " ".join(f"{k}={v}" for k, v in args), held, free, devices)
+
+
+def test_maxtext_candidates_factor_the_slice_over_the_free_axes_holding_what_the_command_line_sizes(tmp_path):
+    from shardscope.advise.maxtext_sweep import candidate_line, maxtext_candidates
+
+    args = (("per_device_batch_size", "2"), ("ici_tensor_parallelism", "2"))
+    space = _maxtext_space(tmp_path, args, ("data", "fsdp"), (("tensor", 2),))
+    candidates = maxtext_candidates(space)
+    assert [dict(c.mesh) for c in candidates] == [
+        {"data": 1, "fsdp": 4, "tensor": 2},
+        {"data": 2, "fsdp": 2, "tensor": 2},
+        {"data": 4, "fsdp": 1, "tensor": 2},
+    ]
+    assert {c.preset_label for c in candidates} == {"default"}
+    # The user's keys first, the candidate's sizes after them (MaxText takes a key's last value).
+    assert candidate_line(space, candidates[1]) == (
+        "per_device_batch_size=2 ici_tensor_parallelism=2 ici_data_parallelism=2 ici_fsdp_parallelism=2"
+    )
+
+
+def test_maxtext_space_searches_expert_parallelism_only_for_a_model_with_experts(tmp_path, monkeypatch):
+    from shardscope.advise import maxtext_sweep
+    from shardscope.errors import ShardscopeError
+
+    for experts, free in ((None, ("data", "fsdp", "tensor")), (8, ("data", "fsdp", "tensor", "expert"))):
+        stand_in = _maxtext_space(tmp_path, (), (), (), experts=experts).case
+        monkeypatch.setattr(maxtext_sweep, "resolve_maxtext_model", lambda *_args, case=stand_in: case)
+        assert maxtext_sweep.maxtext_space("maxtext:m", "cpu-8", "", None).free == free
+    with pytest.raises(ShardscopeError, match="do not divide a slice's 8 devices"):
+        stand_in = _maxtext_space(tmp_path, (("ici_tensor_parallelism", "3"),), (), ()).case
+        monkeypatch.setattr(maxtext_sweep, "resolve_maxtext_model", lambda *_args, case=stand_in: case)
+        maxtext_sweep.maxtext_space("maxtext:m", "cpu-8", "ici_tensor_parallelism=3", None)

@@ -5,6 +5,7 @@ tests/test_maxtext_program.py does."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 import pytest
@@ -51,3 +52,28 @@ def test_check_case_guards_maxtexts_program_and_fails_a_changed_command_line(tmp
         GoldenChecker(update=False).check_case("maxtext:qwen3-0.6b", golden, maxtext=f"{SMALL} {TENSOR}")
     with pytest.raises(pytest.fail.Exception, match="configured by MaxText's command line alone"):
         GoldenChecker(update=False).check_case("maxtext:qwen3-0.6b", golden, preset="ep-as-cp")
+
+
+def test_advise_compiles_every_ici_size_of_maxtexts_program_and_each_ranked_command_remakes_its_plan(tmp_path):
+    """Four devices, tensor parallelism held at 1 by the command line: a dense model's search is the three ways
+    to split them over data and fsdp (every candidate compiled, ranked by expected step); the `shardscope dump`
+    the ranking prints for #1 makes a plan with that expected step."""
+    line = f"{SMALL} ici_tensor_parallelism=1"
+    result = runner.invoke(app, ["advise", "maxtext:qwen3-0.6b", "-t", "cpu-4", "--maxtext", line, "--json", "-j", "1"])
+    assert result.exit_code == 0, result.output
+    advice = json.loads(result.output[result.output.index("{") :])
+    assert advice["maxtext"] == line and advice["counts"]["enumerated"] == 3 and not advice["failed"]
+    rows = advice["ranking"] + advice["over_capacity"]
+    assert sorted(r["mesh"] for r in rows) == [
+        "data=1,fsdp=4,tensor=1",
+        "data=2,fsdp=2,tensor=1",
+        "data=4,fsdp=1,tensor=1",
+    ]
+    ranked = [r["step_expected_s"] for r in advice["ranking"]]
+    assert ranked == sorted(ranked)
+    best = advice["ranking"][0]
+    command = [*shlex.split(best["command"])[1:], "-o", str(tmp_path / "best.json")]
+    made = runner.invoke(app, command)
+    assert made.exit_code == 0, made.output
+    plan = json.loads((tmp_path / "best.json").read_text())
+    assert plan["estimate"]["step"]["expected"] == pytest.approx(best["step_expected_s"], rel=1e-9)

@@ -202,6 +202,12 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("advise", "deepseek-tiny", "--top", "0"), "--top must be at least 1"),
     (("advise", "deepseek-tiny", "--hardware", "v5"), "did you mean"),
     (("advise", "deepseek-tiny", "--ray", "127.0.0.1:1"), "--ray 127.0.0.1:1"),
+    # advise of MaxText's own program: searched over its ici_* sizes, every candidate compiled
+    (("advise", "maxtext:qwen3-0.6b", "-p", "ep-as-cp"), "--preset does not apply"),
+    (("advise", "maxtext:qwen3-0.6b", "--mesh", "fsdp=2"), "--mesh does not apply"),
+    (("advise", "maxtext:qwen3-0.6b", "--confirm", "5"), "--confirm does not apply"),
+    (("advise", "maxtext:qwen3-0.6b", "--predict-only"), "cannot be predicted"),
+    (("advise", "llama-tiny", "--maxtext-path", "/tmp"), "--maxtext-path plans a maxtext:MODEL"),
     (("update", "--golden", "golden", "deepseek-tiny/cpu-8/defualt"), "did you mean"),
     # explain
     (("explain", "--preset", "default", "embed", "embed"), "more than once"),

@@ -42,6 +42,7 @@ class SweepRequest:
     confirm: int | None = None
     margin: float = DEFAULT_MARGIN
     predict_only: bool = False
+    maxtext: str = ""  # a `maxtext:` model's command line (its search is over its ici_* sizes)
 
 
 @dataclass(frozen=True)

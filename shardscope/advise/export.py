@@ -89,6 +89,7 @@ def advice_to_json(advice: Advice) -> dict[str, Any]:
         "presets": list(request.presets),
         "pinned": dict(request.pinned),
         "settings": dict(request.overrides),
+        "maxtext": request.maxtext,
         "target": advice.target,
         "hardware": advice.hardware,
         "efficiency": advice.efficiency,

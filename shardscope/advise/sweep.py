@@ -90,22 +90,27 @@ def validate(request: SweepRequest) -> Target:
             raise ShardscopeError(
                 f"--mesh {axis}={size}: a held axis needs a size that divides {topology.num_devices} devices"
             )
-    name = request.hardware
-    own = target_for(request.topology, None)
-    if name is None and own is not None:
-        hardware = own.hardware  # a TPU topology prices as itself
-    else:
-        name = name or DEFAULT_HARDWARE
-        hardware = load_hardware(name)
     if request.confirm is not None and request.confirm < 1:
         raise ShardscopeError(f"--confirm must be at least 1, found {request.confirm}")
     if not request.margin >= 0:
         raise ShardscopeError(f"--margin must be 0 or more (a fraction of the best step), found {request.margin}")
     if request.predict_only and request.exhaustive:
         raise ShardscopeError("--predict-only compiles nothing; an exhaustive search compiles every candidate")
-    if request.efficiency is not None and not 0 < request.efficiency <= 1:
-        raise ShardscopeError(f"--efficiency must be in (0, 1], found {request.efficiency}")
-    return target_of(request.topology, hardware, name, request.efficiency)
+    return pricing_target(request.topology, request.hardware, request.efficiency)
+
+
+def pricing_target(topology: str, hardware_name: str | None, efficiency: float | None) -> Target:
+    """What a search's plans are priced on: a TPU topology as itself unless a generation is named, anything else
+    as the named generation or DEFAULT_HARDWARE (raises ShardscopeError on a wrong name or efficiency)."""
+    own = target_for(topology, None)
+    if hardware_name is None and own is not None:
+        hardware = own.hardware  # a TPU topology prices as itself
+    else:
+        hardware_name = hardware_name or DEFAULT_HARDWARE
+        hardware = load_hardware(hardware_name)
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise ShardscopeError(f"--efficiency must be in (0, 1], found {efficiency}")
+    return target_of(topology, hardware, hardware_name, efficiency)
 
 
 def enumerate_candidates(request: SweepRequest, templates: Mapping[str, Template]) -> list[Candidate]:
@@ -210,7 +215,7 @@ def advise(
     compiled = {e.candidate.index for e in entries} | {c.index for c, _ in failed}
     only_predicted = [p for index, p in sorted(predictions.items()) if index not in compiled]
     ranking, over = rank_confirmed(entries, only_predicted) if only_predicted else rank(entries)
-    estimate_target = _target_label(request, target)
+    estimate_target = target_label(request.topology, target)
     return Advice(
         request=request,
         target=estimate_target,
@@ -294,7 +299,8 @@ def _refused(group: ProgramGroup, error: str) -> list[tuple[Candidate, str]]:
     return [(group.representative, error), *((c, shared) for c in group.members)]
 
 
-def _target_label(request: SweepRequest, target: Target) -> str:
+def target_label(topology: str, target: Target) -> str:
+    """What the estimates are of: the TPU topology itself, or a generation a plan was priced as."""
     if target.exact_memory:
-        return f"{request.topology} ({target.hardware.name})"
-    return f"{target.hardware.name} (a {request.topology} plan priced as {target.hardware.name})"
+        return f"{topology} ({target.hardware.name})"
+    return f"{target.hardware.name} (a {topology} plan priced as {target.hardware.name})"

@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +19,7 @@ from shardscope.cli.app import (
     HardwareOption,
     JobsOption,
     JsonOption,
+    MaxTextPathOption,
     NoCacheOption,
     RayOption,
     app,
@@ -28,6 +29,9 @@ from shardscope.cli.app import (
     make_console,
 )
 from shardscope.errors import ShardscopeError
+
+if TYPE_CHECKING:
+    from shardscope.advise.advice import Advice
 
 # Not from shardscope.advise.advice: --help must not load the library (the tests hold the two equal).
 DEFAULT_CONFIRM, DEFAULT_MARGIN = 3, 0.1
@@ -68,61 +72,55 @@ def advise_command(
     jobs: JobsOption = 0,
     no_cache: NoCacheOption = False,
     ray: RayOption = None,
+    maxtext_path: MaxTextPathOption = None,
 ) -> None:
-    """Ranks the shardings of MODEL on a topology: fastest estimated step among the plans that fit in HBM."""
-    from shardscope.advise.sweep import make_request  # lazy: off the --help path (no JAX)
+    """Ranks the shardings of MODEL on a topology: fastest estimated step among the plans that fit in HBM.
+
+    maxtext:MODEL searches MaxText's ici_*_parallelism sizes over its command line (--maxtext), every candidate
+    compiled (no prediction of MaxText's program); an axis --maxtext sizes is held."""
+    # lazy: off the --help path (no JAX)
+    from shardscope.advise.sweep import advise, make_request
+    from shardscope.case.maxtext_model import is_maxtext_model
+    from shardscope.cli.advise_options import from_maxtext, maxtext_sweep
+    from shardscope.cli.case_options import check_maxtext_path
 
     try:
         if top < 1:
             raise ShardscopeError(f"--top must be at least 1, found {top}")
         check_writable((csv, "--csv"), (html, "--html"))
+        check_maxtext_path(model, maxtext_path)
         address, workers = compile_backend(ray, jobs)
-        if maxtext is not None:
-            topology, presets, mesh, settings = _from_maxtext(model, topology, presets, mesh, settings, maxtext)
-        request = make_request(model, topology, presets, mesh, settings, hardware, efficiency, confirm, margin)
-        request = dataclasses.replace(request, predict_only=predict_only)
-        advice = _run(request, workers, not no_cache, address)
+        if is_maxtext_model(model):
+            given: tuple[tuple[str, object], ...] = (
+                ("--preset", presets),
+                ("--mesh", mesh),
+                ("--set", settings),
+                ("--ray", ray),
+                ("--confirm", confirm != DEFAULT_CONFIRM),
+                ("--margin", margin != DEFAULT_MARGIN),
+            )
+            sweep = maxtext_sweep(model, topology, maxtext, maxtext_path, hardware, efficiency, given, predict_only)
+            advice = _run(lambda tick: sweep(workers, not no_cache, tick))
+        else:
+            if maxtext is not None:
+                topology, presets, mesh, settings = from_maxtext(model, topology, presets, mesh, settings, maxtext)
+            request = make_request(model, topology, presets, mesh, settings, hardware, efficiency, confirm, margin)
+            request = dataclasses.replace(request, predict_only=predict_only)
+            advice = _run(lambda tick: advise(request, workers, not no_cache, address, tick))
     except ShardscopeError as err:
         fail(err)
     _write(advice, top, csv, html, as_json)
 
 
-def _from_maxtext(
-    model: str, topology: str, presets: list[str] | None, mesh: str | None, settings: list[str] | None, maxtext: str
-) -> tuple[str, list[str] | None, str | None, list[str]]:
-    """The search's topology, presets, held axes and settings from MaxText's command line (warnings on stderr).
-
-    Raises:
-      ShardscopeError: bad MaxText input, or options that contradict it.
-    """
-    # lazy: off the --help path
-    from shardscope.case.resolve import maxtext_search, parse_overrides
-    from shardscope.cli.case_options import warn
-
-    if mesh:
-        raise ShardscopeError("--mesh with --maxtext: hold axes with MaxText's ici_*_parallelism keys")
-    search = maxtext_search(model, maxtext, None if topology == "cpu-8" else topology)
-    if search.preset is not None and presets and presets != [search.preset]:
-        raise ShardscopeError(
-            f"--preset {presets[0]} and --maxtext custom_mesh_and_rule={search.preset} name other rules"
-        )
-    warn(search.warnings)
-    held = ",".join(f"{axis}={size}" for axis, size in search.pins) or None
-    chosen = [search.preset] if search.preset is not None else presets
-    return search.topology or topology, chosen, held, search.settings_with(parse_overrides(settings or []))
-
-
-def _run(request, jobs: int, use_cache: bool, address: str | None):
+def _run(sweep: Callable[[Callable], Advice]) -> Advice:
     """The sweep, with progress: on a terminal a progress bar (plans done / to plan, and the best so far);
     piped, a line on stderr per tenth of the plans (a CI log shows the sweep is alive, in at most 10 lines)."""
     # lazy: rich loads only when a table is printed
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from shardscope.advise.sweep import advise
-
     console = make_console()
     if not console.is_terminal:
-        return advise(request, jobs, use_cache, address, _piped_progress(time.monotonic()))
+        return sweep(_piped_progress(time.monotonic()))
     from shardscope.report.advice import step_text  # lazy: off the --help path (no JAX)
 
     columns = (
@@ -139,7 +137,7 @@ def _run(request, jobs: int, use_cache: bool, address: str | None):
             best = f"best so far: {state.best.candidate.key} {step_text(state.best)}" if state.best else "none fits yet"
             progress.update(task, total=state.total, completed=state.done, description=best)
 
-        return advise(request, jobs, use_cache, address, tick)
+        return sweep(tick)
 
 
 def _piped_progress(started: float) -> Callable:

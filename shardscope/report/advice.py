@@ -22,10 +22,15 @@ from shardscope.report.svg import stacked_against_capacity, stacked_bars
 def headline(advice: Advice) -> str:
     """What was searched and on what it is priced."""
     request = advice.request
-    presets = ", ".join(request.presets)
+    searched = f"presets: {', '.join(request.presets)}"
+    if request.model.startswith("maxtext:"):
+        # MaxText's own program: its rules are its command line's; the search is over its ici_* sizes.
+        searched = f"ici_*_parallelism searched under rules {request.presets[0]}"
+        if request.maxtext:
+            searched += f", --maxtext '{request.maxtext}'"
     return (
         f"{request.model} on {request.topology}, priced on {advice.target}, efficiency {advice.efficiency:g}; "
-        f"presets: {presets}"
+        f"{searched}"
     )
 
 
