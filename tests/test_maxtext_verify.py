@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jax
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 if sys.version_info < (3, 12):
@@ -153,6 +154,44 @@ def test_one_device_is_the_same_command_line_with_every_ici_axis_1_and_the_same_
     )
     with pytest.raises(ShardscopeError, match="both sides run"):
         against_case(case, "model_name=llama2-7b")
+
+
+# A dense Qwen3 (MaxText's qwen3-0.6b) at the guide's reduced size, for golden cases.
+DENSE = (
+    "override_model_config=true base_num_decoder_layers=2 base_emb_dim=32 base_mlp_dim=32 base_num_query_heads=4 "
+    "base_num_kv_heads=2 head_dim=8 vocab_size=256 max_target_length=16 per_device_batch_size=1 dtype=float32 "
+    "warmup_steps_fraction=0 learning_rate=1e-3"
+)
+
+
+def test_check_verifies_a_maxtext_golden_case_against_one_device_and_another_case(tmp_path):
+    """A `maxtext:` golden case carrying `verify:` has its steps run by `check` (in a child process on the case's
+    own 8 devices), against one device, or against another case's command line."""
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    cases = [
+        {"model": "maxtext:qwen3-0.6b", "name": "tp", "maxtext": f"{DENSE} {SHARDED}", "verify": "one-device"},
+        {
+            "model": "maxtext:qwen3-0.6b",
+            "name": "fsdp",
+            "maxtext": f"{DENSE} ici_fsdp_parallelism=8 ici_tensor_parallelism=1",
+            "verify": "tp",
+        },
+    ]
+    (golden / "cases.yaml").write_text(yaml.safe_dump({"cases": cases}))
+    created = cli("update", "--golden", str(golden), "--jobs", "1")
+    assert created.exit_code == 0, created.output
+    result = cli("check", "--golden", str(golden), "--jobs", "1", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {row["case"]: row for row in json.loads(result.stdout)["cases"]}
+    assert rows["maxtext:qwen3-0.6b/cpu-8/tp"]["status"] == rows["maxtext:qwen3-0.6b/cpu-8/fsdp"]["status"] == "same"
+    one_device = rows["maxtext:qwen3-0.6b/cpu-8/tp verify one-device"]
+    assert one_device["status"] == "verified", one_device
+    assert (one_device["verify"]["side"], one_device["verify"]["against"]) == ("fsdp=4,tensor=2", "one device")
+    other = rows["maxtext:qwen3-0.6b/cpu-8/fsdp verify tp"]
+    assert other["status"] == "verified", other
+    assert (other["verify"]["side"], other["verify"]["against"]) == ("fsdp=8", "fsdp=4,tensor=2")
+    assert other["verify"]["steps"] == 2 and other["verify"]["checked"] > 2 * 15
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from shardscope.cli import app
 from shardscope.errors import ShardscopeError
-from shardscope.golden.cases import load_manifest
+from shardscope.golden.cases import load_manifest, verified_against
+from shardscope.golden.verifying import verify_command
 from shardscope.pytest_plugin import GoldenChecker
 
 runner = CliRunner()
@@ -89,6 +90,70 @@ def test_a_verify_that_names_nothing_it_can_compare_with(tmp_path, cases, fragme
     golden = manifest(tmp_path / "golden", *cases)
     with pytest.raises(ShardscopeError, match=fragment):
         load_manifest(golden)
+
+
+QWEN = "model: 'maxtext:qwen3-0.6b'"
+
+
+def test_a_maxtext_case_verifies_against_one_device_or_another_case_of_its_model(tmp_path):
+    """MaxText's own program may carry `verify:`: one device, or another case of the same model and topology
+    whose command line sets every key this one sets (it is laid over this one's, as `--against` is)."""
+    golden = manifest(
+        tmp_path / "golden",
+        f"{{{QWEN}, name: fsdp, maxtext: 'ici_fsdp_parallelism=8 ici_tensor_parallelism=1', verify: one-device}}",
+        f"{{{QWEN}, name: tp, maxtext: 'ici_fsdp_parallelism=4 ici_tensor_parallelism=2', verify: fsdp}}",
+    )
+    fsdp, tp = load_manifest(golden)
+    assert (fsdp.is_maxtext, fsdp.verify, tp.verify) == (True, "one-device", "fsdp")
+    assert verified_against(fsdp, (fsdp, tp)) is None
+    assert verified_against(tp, (fsdp, tp)) is fsdp
+    assert verify_command(tp, fsdp) == (
+        "shardscope verify maxtext:qwen3-0.6b --topology cpu-8 --maxtext 'ici_fsdp_parallelism=4 "
+        "ici_tensor_parallelism=2' --against 'ici_fsdp_parallelism=8 ici_tensor_parallelism=1'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cases", "fragment"),
+    [
+        (  # a reference model configured by MaxText's keys runs from its preset only
+            ("{model: llama-tiny, maxtext: 'ici_fsdp_parallelism=8', name: mt, verify: one-device}",),
+            "not MaxText's",
+        ),
+        (
+            ("{model: llama-tiny, preset: default}", f"{{{QWEN}, verify: llama-tiny/cpu-8/default}}"),
+            "not a case of maxtext:qwen3-0.6b",
+        ),
+        (
+            (f"{{{QWEN}}}", "{model: llama-tiny, preset: default, verify: maxtext:qwen3-0.6b/cpu-8/default}"),
+            "not a case of llama-tiny",
+        ),
+        (
+            (f"{{{QWEN}}}", "{model: 'maxtext:llama2-7b', verify: maxtext:qwen3-0.6b/cpu-8/default}"),
+            "not a case of maxtext:llama2-7b",
+        ),
+        (
+            (f"{{{QWEN}, topology: cpu-4}}", f"{{{QWEN}, name: other, verify: maxtext:qwen3-0.6b/cpu-4/default}}"),
+            "on cpu-8",
+        ),
+        (
+            (
+                f"{{{QWEN}, name: fsdp, maxtext: 'ici_fsdp_parallelism=8'}}",
+                f"{{{QWEN}, name: tp, maxtext: 'ici_tensor_parallelism=8', verify: fsdp}}",
+            ),
+            "sets no ici_tensor_parallelism",
+        ),
+        ((f"{{{QWEN}, verify: default}}",), "against itself"),
+        ((f"{{{QWEN}, verify: one_device}}",), "did you mean 'one-device'"),
+    ],
+)
+def test_a_maxtext_verify_that_names_nothing_it_can_compare_with(tmp_path, cases, fragment):
+    golden = manifest(tmp_path / "golden", *cases)
+    with pytest.raises(ShardscopeError, match=fragment):
+        load_manifest(golden)
+    result = runner.invoke(app, ["check", "--golden", str(golden)])
+    assert result.exit_code == 2 and fragment in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
 
 
 def test_the_plugin_verifies_a_program_of_ones_own():

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from shardscope.case.maxtext_run import parse_maxtext_args
 from shardscope.case.topology import DEFAULT_TOPOLOGY
 from shardscope.errors import ShardscopeError, unknown_name
 from shardscope.verify.records import AGAINST_ONE_DEVICE
@@ -119,11 +120,13 @@ def verified_against(case: GoldenCase, cases: Sequence[GoldenCase], where: str =
     """The case `case.verify` names (None: one device).
 
     Raises:
-      ShardscopeError: a name no case has, the case itself, a case of another model or topology, or a
-        program of one's own verified against anything but one device.
+      ShardscopeError: a name no case has, the case itself, a case of another model or topology (for a
+        `maxtext:` case, see `_maxtext_against`), or a program of one's own verified against anything but one
+        device.
     """
     where = f"{where}: " if where else ""
-    if case.maxtext:
+    if case.maxtext and not case.is_maxtext:
+        # A reference model configured by MaxText's keys: verify runs a reference model from its preset only.
         raise ShardscopeError(f"{where}verify runs the reference models' steps, not MaxText's (drop 'verify')")
     if case.verify == ONE_DEVICE:
         return None
@@ -138,10 +141,35 @@ def verified_against(case: GoldenCase, cases: Sequence[GoldenCase], where: str =
     other = named[case.verify]
     if other is case or other.case_id == case.case_id:
         raise ShardscopeError(f"{where}verify: a case cannot be verified against itself")
+    if case.is_maxtext:
+        return _maxtext_against(case, other, where)
     if (other.model, other.topology) != (case.model, case.topology) or other.step or other.maxtext:
         raise ShardscopeError(
             f"{where}verify: {other.case_id} is not a case of {case.model} on {case.topology}; verify compares "
             "one model's step under two shardings"
+        )
+    return other
+
+
+def _maxtext_against(case: GoldenCase, other: GoldenCase, where: str) -> GoldenCase:
+    """The other side of a `maxtext:` case: a case of the same model, topology and MaxText whose command line,
+    laid over this case's (as `verify --against 'k=v …'` does), is that case's own.
+
+    Raises:
+      ShardscopeError: another model, topology or MaxText tree, or a key this case sets and the other does not
+        (the other side would keep this case's value, which is not the other case).
+    """
+    if (other.model, other.topology, other.maxtext_path) != (case.model, case.topology, case.maxtext_path):
+        raise ShardscopeError(
+            f"{where}verify: {other.case_id} is not a case of {case.model} on {case.topology} from the same "
+            "MaxText; verify compares one model's step under two command lines"
+        )
+    keys = {key for key, _ in parse_maxtext_args(other.maxtext)}
+    missing = [key for key, _ in parse_maxtext_args(case.maxtext) if key not in keys]
+    if missing:
+        raise ShardscopeError(
+            f"{where}verify: {other.case_id} sets no {missing[0]}, which this case sets; its command line is laid "
+            f"over this one's, so give it every key this one sets (such as {missing[0]}=…)"
         )
     return other
 
@@ -235,7 +263,8 @@ def _parse_maxtext_case(item: dict[str, Any], path: Path, where: str, default_ha
     """`{model: maxtext:NAME, maxtext: 'k=v …', name: …}`: MaxText's own program, configured by its command line
     alone; its golden is maxtext/<NAME>/<topology>/<name, or "default">.json. A `maxtext_path` (a checkout) is
     found relative to the golden directory, as preset files are."""
-    extra = sorted(set(item) - {"model", "maxtext", "maxtext_path", "name", "topology", "hardware", "efficiency"})
+    keys = {"model", "maxtext", "maxtext_path", "name", "topology", "hardware", "efficiency", "verify"}
+    extra = sorted(set(item) - keys)
     if extra:
         raise ShardscopeError(
             f"{where}: {item['model']} is configured by MaxText's command line ('maxtext'); {extra[0]!r} does not apply"
@@ -255,6 +284,7 @@ def _parse_maxtext_case(item: dict[str, Any], path: Path, where: str, default_ha
         efficiency=None if efficiency is None else float(efficiency),
         maxtext=str(item.get("maxtext", "")),
         maxtext_path=checkout,
+        verify=str(item.get("verify", "")),
     )
     for part in (case.model.removeprefix(MAXTEXT_PREFIX), case.topology, case.stem):
         if not _NAME.fullmatch(part):
