@@ -621,6 +621,17 @@ def left_out_errors() -> dict[tuple[str, str], float]:
     return {(e.run, e.route): e.left_out for e in found if e.left_out is not None}
 
 
+def planned_release(run: dict[str, Any]) -> str:
+    """The MaxText and JAX its stored plan was compiled with, as its provenance names them (plans of one release
+    keep that release's compiler: a stored plan is never silently re-made under another)."""
+    import shardscope
+
+    route = GPU if on_gpu(run) else "tpu"
+    provenance = dict(shardscope.load_plan(plan_path(run, route)).provenance)
+    release = provenance.get("maxtext", "?").split(" ", 1)[0]
+    return f"MaxText {release}, JAX {provenance.get('jax', '?')}"
+
+
 def page_block(found: list[Row], left_out: dict[tuple[str, str], float]) -> str:
     """The validation page's generated part: the summary, every run's row, its command line and the memory
     table."""
@@ -653,8 +664,12 @@ def page_block(found: list[Row], left_out: dict[tuple[str, str], float]) -> str:
     lines += ["", "### Command lines", "", "Each run's MaxText command line as published (after its model's name).", ""]
     for row in found:
         instead = " ".join(f"{k}={v}" for k, v in planned_with(row.run).items())
-        with_keys = f" with `{instead}` in its place, see the run's notes" if instead else ""
-        through = f" (planned as `maxtext:{row.run['model']}`{with_keys})" if through_maxtext(row.run) else ""
+        with_keys = f", with `{instead}` in its place, see the run's notes" if instead else ""
+        through = (
+            f" (planned as `maxtext:{row.run['model']}` under {planned_release(row.run)}{with_keys})"
+            if through_maxtext(row.run)
+            else ""
+        )
         lines.append(f"- `{row.run['id']}`{through}: `{row.run['overrides']}`")
     lines += ["", "### Memory", "", memory_table(True)]
     return "\n".join(lines)

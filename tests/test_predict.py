@@ -14,7 +14,7 @@ from shardscope.golden.cases import load_manifest
 from shardscope.golden.store import golden_path, load_golden
 from shardscope.plan.json import plan_from_json, plan_to_json
 from shardscope.predict import PREDICTED, predicted_plan
-from shardscope.predict.measure import axes_errors, gather_matches, tensors_only
+from shardscope.predict.measure import AxesError, axes_errors, gather_matches, tensors_only
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "golden"
@@ -173,12 +173,25 @@ def test_real_size_tpu_compiles_traffic_per_axis_within_ten_percent():
         # Llama 4 Maverick's experts, split over `tensor`, sum that many slots (predicted 18.9x the compile).
         ("llama4-17b-128e_v5p-256_tr.tpu.json", ("tensor",)): 20.0,
     }
+    # Axis sets a compiler reduces over in one collective where the prediction reduces over each apart, compared
+    # as their union: gpt-oss-120b's program (MaxText 0.2.5 on tpu7x-128, data=2 x fsdp=64) sums its gradients
+    # over data x fsdp in one all-reduce (233.7 GB), where the prediction sums them over fsdp (232.4 GB) and
+    # then over data (3.6 GB): over the union of the three sets, within 0.4%.
+    merged = {"gpt-oss-120b_tpu7x-128_8k_iw.tpu.json": (("data",), ("fsdp",), ("data", "fsdp"))}
     compiled_dir = Path(__file__).resolve().parent / "data" / "compiled"
     paths = [*sorted(compiled_dir.glob("*.tpu.json")), *sorted((ROOT / "benchmarks" / "plans").glob("*.tpu.json"))]
     assert len(paths) >= 15
     for path in paths:
         compiled = plan_from_json(path.read_text())
         errors = axes_errors(compiled, predicted_plan(tensors_only(compiled)))
+        if path.name in merged:
+            union = [e for e in errors if e.axes in merged[path.name]]
+            whole = AxesError(
+                tuple(sorted({a for e in union for a in e.axes})),
+                sum(e.compiled for e in union),
+                sum(e.predicted for e in union),
+            )
+            errors = (*(e for e in errors if e.axes not in merged[path.name]), whole)
         total = sum(entry.compiled for entry in errors)
         # Quantized training (MaxText's fp8_full) gathers its weights already in float8, half the bytes of
         # the bfloat16 gathers the prediction counts (Llama 3.1 70B on tpu7x-128: +56% over fsdp); the
