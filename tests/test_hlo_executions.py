@@ -199,3 +199,30 @@ def test_a_call_chain_a_thousand_deep() -> None:
     )
     runs = executions_per_step(text)
     assert runs["c0"] == runs["c999"] == 4 + 1
+
+
+def test_a_modules_computations_are_read_once_for_every_reader() -> None:
+    """Two readers of one module (two Programs, or a Program and a direct call) share one reading."""
+    module = read_module((SAMPLES / "cpu_scan_collectives.hlo.txt").read_text())
+    first = Program(module)
+    for name in first.executions_per_step():
+        assert Program(module).instructions(name) is first.instructions(name)
+        assert computation_instructions(module, name) is first.instructions(name)
+
+
+def test_the_cycle_collector_is_paused_for_the_block_and_then_as_it_was() -> None:
+    import gc
+
+    from shardscope.hlo.gc_pause import collection_paused
+
+    assert gc.isenabled()
+    with collection_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()  # a caller that turned it off keeps it off
+    finally:
+        gc.enable()

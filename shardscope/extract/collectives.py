@@ -10,6 +10,7 @@ from shardscope.case.topology import parse_mesh_arg
 from shardscope.errors import MeshError, ShardscopeError
 from shardscope.extract.causes import collective_cause
 from shardscope.hlo.collectives import HloCollectives, check_mesh, collectives_of
+from shardscope.hlo.executions import Program
 from shardscope.hlo.groups import MeshLayout
 from shardscope.hlo.module import HloParseError, read_module
 from shardscope.hlo.records import Module
@@ -47,14 +48,16 @@ def extract_collectives(
     narrow: bool = False,
     explain: tuple[Mapping[str, TensorRecord], Sequence[Rule]] | None = None,
     moved_out: bool = False,
+    program: Program | None = None,
 ) -> tuple[CollectiveRow, ...]:
     """Collective rows of a compiled module (its text, or the module read from it), in the case's mesh axes;
     `narrow` (a CPU program): with the bytes a TPU would move (`tpu_bytes`); `explain` (the plan's tensors
     and the preset's rules): with each row's cause; `moved_out` (a CPU program of Auto axes): with what a TPU
-    sums after the loop for an all-reduce the loop only accumulates (`tpu_moved_out`)."""
+    sums after the loop for an all-reduce the loop only accumulates (`tpu_moved_out`). `program`: the module's
+    `Program` when the caller has read one (its loop counts are then counted once)."""
     layout = MeshLayout(axis_names=tuple(a for a, _ in mesh), axis_sizes=tuple(s for _, s in mesh))
     module = hlo if isinstance(hlo, Module) else read_module(hlo)
-    parsed = collectives_of(module, layout, narrow, trace=explain is not None, moved_out=moved_out)
+    parsed = collectives_of(module, layout, narrow, trace=explain is not None, moved_out=moved_out, program=program)
     causes = collective_cause(parsed.collectives, *explain) if explain is not None else None
     return collective_rows(parsed, causes)
 

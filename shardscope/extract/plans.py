@@ -14,6 +14,7 @@ from shardscope.extract.collectives import extract_collectives
 from shardscope.extract.links import with_links
 from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
 from shardscope.hlo.executions import Program
+from shardscope.hlo.gc_pause import collection_paused
 from shardscope.hlo.module import read_module
 from shardscope.hlo.profile import work_profile
 from shardscope.hlo.records import Module
@@ -92,6 +93,11 @@ def compute_of(module: Module, program: Program | None = None) -> tuple[tuple[st
 
 def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     """The plan of a compiled step, given the text of its compiled HLO module."""
+    with collection_paused():
+        return _extract_plan(step, hlo_text)
+
+
+def _extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     case = step.case
     module = read_module(hlo_text)
     program = Program(module)  # its tables and executions, read once for the compute and the work profile
@@ -101,7 +107,7 @@ def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
     # them (`shardscope.hlo.accumulation`): the partitioner (Auto axes) or the program (Explicit).
     cpu, explicit = case.topology.platform == "cpu", case.axis_types == "explicit"
     collectives = extract_collectives(
-        module, slice_mesh(case), narrow=cpu, explain=explain, moved_out=cpu and not explicit
+        module, slice_mesh(case), narrow=cpu, explain=explain, moved_out=cpu and not explicit, program=program
     )
     if case.topology.gpu is not None:
         collectives = with_links(collectives, step.mesh, case.topology.gpu)

@@ -192,16 +192,21 @@ class _Rows:
 
 
 def collectives_of(
-    module: Module, mesh: MeshLayout | None = None, narrow: bool = False, trace: bool = False, moved_out: bool = False
+    module: Module,
+    mesh: MeshLayout | None = None,
+    narrow: bool = False,
+    trace: bool = False,
+    moved_out: bool = False,
+    program: Program | None = None,
 ) -> HloCollectives:
     """The collectives of a read module (see `parse_collectives`); `narrow`: also each row's `tpu_bytes`
     (for a CPU program priced as a TPU); `trace`: also each row's origins, consumer and line; `moved_out`
     (a CPU program of Auto axes): the `tpu_moved_out` of an all-reduce its loop only adds into slots of a
     carried buffer, the buffers a TPU sums once after the loop instead (`shardscope.hlo.accumulation`), in the
-    types `narrow` gives."""
+    types `narrow` gives. `program`: the module's `Program`, when the caller has one to share."""
     rows = _Rows(mesh, module.num_devices)
     narrowing = Narrowing(module) if narrow else None
-    accumulated = loop_accumulations(Program(module)).buffer_bytes if moved_out else {}
+    accumulated = loop_accumulations(program or Program(module)).buffer_bytes if moved_out else {}
     handoffs = Handoffs(module)
     origins = Origins(module) if trace else None
     frames = source_frames(module.text) if trace else None

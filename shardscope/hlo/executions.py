@@ -49,7 +49,16 @@ def computation_instructions(module: Module, name: str) -> tuple[Instruction, ..
     """Every instruction of computation `name`, in text order (parameters and the ROOT included).
 
     An instruction that does not parse is left out (`collectives_of` reports those). Unknown names give ().
+    Read once per module, then kept (`Module.instruction_tables`).
     """
+    tables = module.instruction_tables
+    found = tables.get(name)
+    if found is None:
+        found = tables[name] = _read_instructions(module, name)
+    return found
+
+
+def _read_instructions(module: Module, name: str) -> tuple[Instruction, ...]:
     comp = module.by_name.get(name)
     if comp is None:
         return ()
@@ -88,15 +97,12 @@ class Program:
 
     def __init__(self, module: Module) -> None:
         self.module = module
-        self._tables: dict[str, tuple[Instruction, ...]] = {}
         self._trips = LoopTrips(module)
         self._executions: dict[str, int | None] | None = None
 
     def instructions(self, computation: str) -> tuple[Instruction, ...]:
         """Every instruction of `computation`, in text order (see `computation_instructions`)."""
-        if computation not in self._tables:
-            self._tables[computation] = computation_instructions(self.module, computation)
-        return self._tables[computation]
+        return computation_instructions(self.module, computation)
 
     def fused(self, fusion: Instruction) -> tuple[Instruction, ...]:
         """The instructions of the computation a fusion calls (none when it names none)."""

@@ -154,6 +154,12 @@ class Module:
         """Computations by name."""
         return {c.name: c for c in self.computations}
 
+    @functools.cached_property
+    def instruction_tables(self) -> dict[str, tuple[Instruction, ...]]:
+        """Each computation's instructions, kept once read (`hlo.executions.computation_instructions` fills
+        it): the collectives, work, narrowing and origin readers of one module share one reading of its text."""
+        return {}
+
 
 def parameter_index(parameter: Instruction) -> int:
     """The number of a `parameter(3)` instruction (read as its only operand), -1 if it has none."""
