@@ -213,15 +213,15 @@ def test_a_modules_computations_are_read_once_for_every_reader() -> None:
 def test_the_cycle_collector_is_paused_for_the_block_and_then_as_it_was() -> None:
     import gc
 
-    from shardscope.hlo.gc_pause import collection_paused
+    from shardscope.hlo.module import gc_paused
 
     assert gc.isenabled()
-    with collection_paused():
+    with gc_paused():
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with collection_paused():
+        with gc_paused():
             pass
         assert not gc.isenabled()  # a caller that turned it off keeps it off
     finally:

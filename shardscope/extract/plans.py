@@ -14,8 +14,7 @@ from shardscope.extract.collectives import extract_collectives
 from shardscope.extract.links import with_links
 from shardscope.extract.tensors import input_tensors, output_tensors, step_tensors
 from shardscope.hlo.executions import Program
-from shardscope.hlo.gc_pause import collection_paused
-from shardscope.hlo.module import read_module
+from shardscope.hlo.module import gc_paused, read_module
 from shardscope.hlo.profile import work_profile
 from shardscope.hlo.records import Module
 from shardscope.hlo.work import step_work
@@ -92,8 +91,11 @@ def compute_of(module: Module, program: Program | None = None) -> tuple[tuple[st
 
 
 def extract_plan(step: CompiledStep, hlo_text: str) -> Plan:
-    """The plan of a compiled step, given the text of its compiled HLO module."""
-    with collection_paused():
+    """The plan of a compiled step, given the text of its compiled HLO module.
+
+    The cycle collector is paused throughout, not only while the module is read (`gc_paused`): every reader
+    after it (collectives, work, causes) also makes records without cycles by the hundred thousand."""
+    with gc_paused():
         return _extract_plan(step, hlo_text)
 
 
