@@ -183,10 +183,14 @@ def test_real_size_tpu_compiles_traffic_per_axis_within_ten_percent():
     # over data x fsdp in one all-reduce (233.7 GB), where the prediction sums them over fsdp (232.4 GB) and
     # then over data (3.6 GB): over the union of the three sets, within 0.4%.
     merged = {"gpt-oss-120b_tpu7x-128_8k_iw.tpu.json": (("data",), ("fsdp",), ("data", "fsdp"))}
+    # Held apart (`test_deepseek_v3_fp8_on_fsdp_and_fsdp_transpose_is_not_yet_predicted` names the gap).
+    unpredicted = {DEEPSEEK_FP8_512}
     compiled_dir = Path(__file__).resolve().parent / "data" / "compiled"
     paths = [*sorted(compiled_dir.glob("*.tpu.json")), *sorted((ROOT / "benchmarks" / "plans").glob("*.tpu.json"))]
     assert len(paths) >= 15
     for path in paths:
+        if path.name in unpredicted:
+            continue
         compiled = plan_from_json(path.read_text())
         errors = axes_errors(compiled, predicted_plan(tensors_only(compiled)))
         if path.name in merged:
@@ -207,6 +211,26 @@ def test_real_size_tpu_compiles_traffic_per_axis_within_ten_percent():
                 continue
             bound = known_gaps.get((path.name, entry.axes), 0.60 if quantized else 0.10)
             assert entry.compiled > 0 and entry.error is not None and abs(entry.error) < bound, (path.name, entry)
+
+
+DEEPSEEK_FP8_512 = "deepseek3-671b_tpu7x-512_4k_fp8_full_iw.tpu.json"
+
+
+@pytest.mark.xfail(strict=True, reason="the prediction does not yet gather quantized experts over two fsdp axes")
+def test_deepseek_v3_fp8_on_fsdp_and_fsdp_transpose_is_not_yet_predicted():
+    """DeepSeek-V3 in fp8 (qwix fp8_full) on tpu7x-512, fsdp=256 x fsdp_transpose=2: the compiled program gathers
+    its float8 experts over fsdp_transpose (654 GB forward) and over fsdp (327 GB forward) apart, and
+    reduce-scatters their gradients the same way, 4.0 TB in all; the prediction gathers no expert and comes to
+    133 GB. The bf16 run of the same shape gathers its experts over both axes at once, and the prediction has it
+    within 0.1%. Strict: this fails (and says so) once the prediction covers it."""
+    compiled = plan_from_json((ROOT / "benchmarks" / "plans" / DEEPSEEK_FP8_512).read_text())
+    errors = axes_errors(compiled, predicted_plan(tensors_only(compiled)))
+    total = sum(entry.compiled for entry in errors)
+    assert all(
+        entry.compiled > 0 and entry.error is not None and abs(entry.error) < 0.60
+        for entry in errors
+        if entry.compiled >= 1e-3 * total or entry.predicted >= 1e-3 * total
+    )
 
 
 def test_a_tpu_program_regathers_recomputed_attention_projections_twice():
