@@ -275,3 +275,19 @@ def test_a_step_the_tpu_compiler_placed_fits_even_where_its_static_sum_is_over()
         memory = placed
 
     assert memory_verdict(_Shown()).startswith("fits: the TPU compiler placed the step")  # type: ignore[arg-type]
+
+
+def test_a_flop_count_past_two_to_the_53_is_written_as_it_reads_back():
+    """A step's FLOPs summed as integers can pass 2**53 (Llama 3.1 405B's fp8 step on tpu7x-512: 7.4e16 per
+    device); the plan spells the count as its record (a float) holds it, so writing, reading and writing again
+    gives the same bytes."""
+    from shardscope.plan.json import plan_from_json, plan_to_json
+
+    plan = load_golden(GOLDEN / "tpu7x-8" / "ep-as-cp.json")
+    assert plan.estimate is not None
+    exact = 74108382072775172  # not a float: the nearest one is 74108382072775168
+    compute = dataclasses.replace(plan.estimate.compute, flops=exact)
+    plan = dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, compute=compute))
+    written = plan_to_json(plan)
+    assert '"flops": 74108382072775168' in written
+    assert plan_to_json(plan_from_json(written)) == written

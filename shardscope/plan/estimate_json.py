@@ -166,5 +166,7 @@ def estimate_from_json(data: Any, source: str = "estimate") -> Estimate:
 
 
 def _count(value: float | None) -> int | float | None:
-    """A count as the integer it is, however it was computed: one spelling whichever way a plan was made."""
-    return int(value) if value is not None and float(value).is_integer() else value
+    """A count as the integer it is, however it was computed: one spelling whichever way a plan was made. Taken
+    through a float, as the record holds it (and as reading the plan back gives it): a sum of integers past
+    2**53 would otherwise be written with digits no plan read back can spell again."""
+    return int(float(value)) if value is not None and float(value).is_integer() else value
