@@ -184,17 +184,18 @@ class GoldenChecker:
         from shardscope.golden.worker import dump_one
         from shardscope.plan.json import plan_from_json
 
+        is_maxtext = model.startswith(MAXTEXT_PREFIX)
+        if is_maxtext and (preset != "default" or mesh or settings):
+            pytest.fail(f"{model} is configured by MaxText's command line alone: pass maxtext='k=v …'", pytrace=False)
         case = GoldenCase(
             model,
-            "" if model.startswith(MAXTEXT_PREFIX) else preset,
+            "" if is_maxtext else preset,
             topology,
             mesh,
             tuple(settings),
             maxtext=maxtext,
             maxtext_path="" if maxtext_path is None else str(maxtext_path),
         )
-        if case.is_maxtext and (preset != "default" or mesh or settings):
-            pytest.fail(f"{model} is configured by MaxText's command line alone: pass maxtext='k=v …'", pytrace=False)
         result = dump_one(case)
         if result.plan_json is None:
             pytest.fail(f"{case.case_id}: {result.error}", pytrace=False)

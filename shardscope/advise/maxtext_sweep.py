@@ -13,6 +13,7 @@ does not divide, …) are the candidates' refusals, in MaxText's words. Hold axe
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def maxtext_space(model: str, topology: str, maxtext: str, maxtext_path: Path | 
 
     Raises:
       ShardscopeError: a wrong MaxText model, tree or key; held axes that leave no device to search, or leave
-        nothing to space.
+        nothing to search.
     """
     target = get_topology(topology)
     case = resolve_maxtext_model(model, target, parse_maxtext_args(maxtext), maxtext_path)
@@ -64,9 +65,7 @@ def maxtext_space(model: str, topology: str, maxtext: str, maxtext_path: Path | 
         if key.startswith("ici_") and key.endswith("_parallelism") and value.strip() != "-1"
     )
     devices = target.num_devices // target.slices
-    fixed = 1
-    for _, size in held:
-        fixed *= size
+    fixed = math.prod(size for _, size in held)
     if fixed < 1 or devices % fixed:
         sizes = ", ".join(f"{_KEY.format(axis)}={size}" for axis, size in held)
         raise ShardscopeError(f"--maxtext {sizes}: the held axes do not divide a slice's {devices} devices")
@@ -90,19 +89,15 @@ def _has_experts(case: MaxTextCase) -> bool:
     """Whether the model routes over experts: its config's `num_experts` (or the command line's) above 1."""
     given = dict(case.args).get("num_experts")
     if given is None:
-        config = case.tree.package_dir / "configs" / "models" / f"{case.model}.yml"
-        given = (yaml.safe_load(config.read_text()) or {}).get("num_experts", 1)
+        given = (yaml.safe_load(case.tree.model_config(case.model).read_text()) or {}).get("num_experts", 1)
     return int(given) > 1
 
 
 def maxtext_candidates(space: MaxTextSpace) -> list[Candidate]:
     """Every factorization of the free devices over the free axes, held axes as given, in lexicographic order."""
-    fixed = 1
-    for _, size in space.held:
-        fixed *= size
     rule = space.case.rule
     candidates: list[Candidate] = []
-    for sizes in factorizations(space.devices // fixed, space.free):
+    for sizes in factorizations(space.devices // math.prod(size for _, size in space.held), space.free):
         mesh = (*zip(space.free, sizes, strict=True), *space.held)
         candidates.append(Candidate(len(candidates), rule, rule, mesh))
     return candidates

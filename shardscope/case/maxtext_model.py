@@ -76,6 +76,10 @@ class MaxTextTree:
         """The models the tree has: one yml each under configs/models/."""
         return tuple(sorted(p.stem for p in (self.package_dir / "configs" / "models").glob("*.yml")))
 
+    def model_config(self, model: str) -> Path:
+        """A model's config file in the tree (configs/models/<model>.yml, one of `models`)."""
+        return self.package_dir / "configs" / "models" / f"{model}.yml"
+
 
 @dataclass(frozen=True)
 class MaxTextCase:

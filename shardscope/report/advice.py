@@ -13,6 +13,7 @@ from rich.text import Text
 from shardscope.advise.export import counts
 from shardscope.advise.rank import Ranked
 from shardscope.advise.sweep import Advice
+from shardscope.case.maxtext_model import is_maxtext_model
 from shardscope.plan.units import compact_bytes, human_bytes, human_seconds
 from shardscope.report.html import environment
 from shardscope.report.layout import FitToWidth
@@ -23,7 +24,7 @@ def headline(advice: Advice) -> str:
     """What was searched and on what it is priced."""
     request = advice.request
     searched = f"presets: {', '.join(request.presets)}"
-    if request.model.startswith("maxtext:"):
+    if is_maxtext_model(request.model):
         # MaxText's own program: its rules are its command line's; the search is over its ici_* sizes.
         searched = f"ici_*_parallelism searched under rules {request.presets[0]}"
         if request.maxtext:
